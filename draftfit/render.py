@@ -1,0 +1,49 @@
+"""Rendering helpers shared by commands: JSON for machines, rich tables for people."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import click
+
+
+def to_jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: to_jsonable(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if hasattr(obj, "__fspath__"):
+        return str(obj)
+    return obj
+
+
+def emit_json(obj: Any) -> None:
+    click.echo(json.dumps(to_jsonable(obj), indent=2, sort_keys=False))
+
+
+def console():
+    from rich.console import Console
+
+    return Console(soft_wrap=False)
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]], caption: str | None = None):
+    from rich.table import Table
+
+    t = Table(title=title, caption=caption, header_style="bold")
+    for col in columns:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*["" if v is None else str(v) for v in row])
+    return t
+
+
+def json_option(f):
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)

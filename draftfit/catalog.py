@@ -98,11 +98,18 @@ def _tuple_fields(cls, raw: dict) -> dict:
     return out
 
 
+def _yaml_loader():
+    import yaml
+
+    # The C loader parses models.yaml ~8x faster; every catalog command pays this at start-up.
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @lru_cache(maxsize=None)
 def load_models(catalog_dir: Path = CATALOG_DIR) -> tuple[ModelSpec, ...]:
     import yaml
 
-    data = yaml.safe_load((catalog_dir / "models.yaml").read_text())
+    data = yaml.load((catalog_dir / "models.yaml").read_text(), Loader=_yaml_loader())
     return tuple(ModelSpec(**_tuple_fields(ModelSpec, m)) for m in data["models"])
 
 
@@ -110,7 +117,7 @@ def load_models(catalog_dir: Path = CATALOG_DIR) -> tuple[ModelSpec, ...]:
 def load_gpus(catalog_dir: Path = CATALOG_DIR) -> tuple[GpuSpec, ...]:
     import yaml
 
-    data = yaml.safe_load((catalog_dir / "gpus.yaml").read_text())
+    data = yaml.load((catalog_dir / "gpus.yaml").read_text(), Loader=_yaml_loader())
     return tuple(GpuSpec(**_tuple_fields(GpuSpec, g)) for g in data["gpus"])
 
 

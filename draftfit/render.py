@@ -31,7 +31,11 @@ def emit_json(obj: Any) -> None:
 def console():
     from rich.console import Console
 
-    return Console(soft_wrap=False)
+    import shutil
+
+    # Piped output would default to 80 columns and truncate numbers; keep tables whole.
+    width = None if shutil.get_terminal_size((0, 0)).columns else 160
+    return Console(soft_wrap=False, width=width)
 
 
 def table(title: str | None, columns: list[str], rows: list[list[Any]], caption: str | None = None):

@@ -1,0 +1,428 @@
+"""Stage: calibration of step costs on a GPU (vLLM, dummy weights, synthetic acceptance).
+
+`draftfit calibrate TARGET DRAFT` writes a config.json for each model from its catalog numbers
+(`config_json_for`), starts one engine per configuration (baseline, then each K) in its own process via
+`draftfit.calibrate_worker`, and assembles the measurements into a step-cost table
+(`data/calibration/<target>__<draft>__<gpu>__tp<N>.json`) that `draftfit.stepcost` prefers over its
+roofline prior. `ingest_results` turns the output of `bench/gpu_campaign.py` into the same tables.
+
+Table layout (schema 1):
+  target, draft, gpu, gpu_name, tp, vllm_version, acceptance (the synthetic rate measured at),
+  baseline: {batch: {tpot_ms, step_ms}}, spec: {K: {batch: {tpot_ms, step_ms, mean_acceptance_length,
+  steps}}}, memory: {engine id: [vLLM memory log lines]}, provenance {...}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftfit.errors import DraftfitError
+from draftfit.paths import DATA_DIR
+
+CALIBRATION_DIR = DATA_DIR / "calibration"
+CONFIGS_DIR = CALIBRATION_DIR / "configs"
+
+# Shapes of the models the GPU campaign measures, copied from each model's public config.json. Used only
+# when the catalog (catalogs/models.yaml) cannot resolve the name, so that the campaign's config files
+# can be generated before the catalog exists; tests check both agree once it does.
+_CAMPAIGN_SHAPES = {
+    "Llama-3.1-8B": dict(hub_id="meta-llama/Llama-3.1-8B", architecture="LlamaForCausalLM", hidden_size=4096,
+                         num_layers=32, num_attention_heads=32, num_kv_heads=8, head_dim=128,
+                         intermediate_size=14336, vocab_size=128256, max_position_embeddings=131072,
+                         tie_word_embeddings=False, params_b=8.03, tokenizer="llama-3.1", family="llama"),
+    "Llama-3.2-1B": dict(hub_id="meta-llama/Llama-3.2-1B", architecture="LlamaForCausalLM", hidden_size=2048,
+                         num_layers=16, num_attention_heads=32, num_kv_heads=8, head_dim=64,
+                         intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
+                         tie_word_embeddings=True, params_b=1.24, tokenizer="llama-3.1", family="llama"),
+    "Llama-3.1-70B": dict(hub_id="meta-llama/Llama-3.1-70B", architecture="LlamaForCausalLM", hidden_size=8192,
+                          num_layers=80, num_attention_heads=64, num_kv_heads=8, head_dim=128,
+                          intermediate_size=28672, vocab_size=128256, max_position_embeddings=131072,
+                          tie_word_embeddings=False, params_b=70.6, tokenizer="llama-3.1", family="llama"),
+    "Qwen3-8B": dict(hub_id="Qwen/Qwen3-8B", architecture="Qwen3ForCausalLM", hidden_size=4096, num_layers=36,
+                     num_attention_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=12288,
+                     vocab_size=151936, max_position_embeddings=40960, tie_word_embeddings=False,
+                     params_b=8.19, tokenizer="qwen3", family="qwen3"),
+    "Qwen3-0.6B": dict(hub_id="Qwen/Qwen3-0.6B", architecture="Qwen3ForCausalLM", hidden_size=1024,
+                       num_layers=28, num_attention_heads=16, num_kv_heads=8, head_dim=128,
+                       intermediate_size=3072, vocab_size=151936, max_position_embeddings=40960,
+                       tie_word_embeddings=True, params_b=0.6, tokenizer="qwen3", family="qwen3"),
+    "Qwen2.5-Coder-32B": dict(hub_id="Qwen/Qwen2.5-Coder-32B-Instruct", architecture="Qwen2ForCausalLM",
+                              hidden_size=5120, num_layers=64, num_attention_heads=40, num_kv_heads=8,
+                              head_dim=128, intermediate_size=27648, vocab_size=152064,
+                              max_position_embeddings=32768, tie_word_embeddings=False, params_b=32.8,
+                              tokenizer="qwen2.5", family="qwen2"),
+    "Qwen2.5-Coder-7B": dict(hub_id="Qwen/Qwen2.5-Coder-7B-Instruct", architecture="Qwen2ForCausalLM",
+                             hidden_size=3584, num_layers=28, num_attention_heads=28, num_kv_heads=4,
+                             head_dim=128, intermediate_size=18944, vocab_size=152064,
+                             max_position_embeddings=32768, tie_word_embeddings=False, params_b=7.62,
+                             tokenizer="qwen2.5", family="qwen2"),
+}
+
+
+def model_spec(name: str):
+    """The catalog's ModelSpec for `name`, or the built-in campaign shape when the catalog lacks it."""
+    from draftfit.catalog import ModelSpec, resolve_model
+
+    try:
+        return resolve_model(name, allow_hub=False)
+    except (DraftfitError, FileNotFoundError, OSError) as exc:
+        for key, shape in _CAMPAIGN_SHAPES.items():
+            if _norm(key) == _norm(name) or _norm(shape["hub_id"]) == _norm(name):
+                return ModelSpec(name=key, source=f"{shape['hub_id']}/config.json (draftfit.calibrate)", **shape)
+        if isinstance(exc, DraftfitError):
+            raise
+        raise DraftfitError(f"unknown model {name!r}", fix="see `draftfit catalog list`") from None
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[^a-z0-9.]", "", s.lower().split("/")[-1]).removesuffix("instruct")
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
+
+
+# ---------------------------------------------------------------------------------------------------
+# config.json from a ModelSpec
+# ---------------------------------------------------------------------------------------------------
+
+_ARCH_MAP = (("qwen3", "Qwen3ForCausalLM", "qwen3"), ("qwen2", "Qwen2ForCausalLM", "qwen2"),
+             ("llama", "LlamaForCausalLM", "llama"), ("mistral", "LlamaForCausalLM", "llama"))
+
+
+def config_json_for(spec) -> dict:
+    """A valid Hugging Face config.json (LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM) from the
+    ModelSpec numbers, enough for `LLM(model=folder, load_format="dummy", skip_tokenizer_init=True)`.
+
+    Rotary settings are not in the ModelSpec; they change no shape and no step time, so the family's
+    public values are used (Llama 3.1/3.2: theta 5e5 with llama3 scaling; Qwen: theta 1e6).
+    """
+    if spec.is_moe or spec.is_eagle:
+        raise DraftfitError(f"{spec.name}: calibration configs cover dense Llama/Qwen2/Qwen3 models only",
+                            fix="calibrate a dense pair, or write the config.json by hand")
+    arch = spec.architecture.lower()
+    hit = next(((a, mt) for key, a, mt in _ARCH_MAP if key in arch), None)
+    if hit is None:
+        raise DraftfitError(f"{spec.name}: no config.json template for architecture {spec.architecture}",
+                            fix="calibrate a Llama, Qwen2 or Qwen3 model")
+    architecture, model_type = hit
+    cfg = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": spec.max_position_embeddings or 32768,
+        "tie_word_embeddings": bool(spec.tie_word_embeddings),
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": "bfloat16",
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    if model_type == "llama":
+        cfg.update(rms_norm_eps=1e-5, rope_theta=500000.0, attention_bias=False, mlp_bias=False,
+                   pretraining_tp=1)
+        if (spec.max_position_embeddings or 0) > 8192:
+            factor = 32.0 if "3.2" in spec.name else 8.0
+            cfg["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    else:
+        cfg.update(rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, sliding_window=None,
+                   max_window_layers=spec.num_layers)
+        if model_type == "qwen3":
+            cfg.update(attention_bias=False)
+    return cfg
+
+
+def write_config_dir(spec, root: Path) -> Path:
+    folder = Path(root) / slug(spec.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config_json_for(spec), indent=2) + "\n")
+    return folder
+
+
+def write_campaign_configs(names=None, root: Path = CONFIGS_DIR) -> list[Path]:
+    """Generate data/calibration/configs/<name>/config.json here, so the GPU side needs only vLLM."""
+    return [write_config_dir(model_spec(n), root) for n in (names or list(_CAMPAIGN_SHAPES))]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Step-cost tables
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class CalibrationTable:
+    target: str
+    draft: str
+    gpu: str
+    tp: int
+    path: str = ""
+    gpu_name: str = ""
+    vllm_version: str = ""
+    acceptance: float = 0.8
+    baseline: dict = field(default_factory=dict)  # batch(str) -> {tpot_ms, step_ms}
+    spec: dict = field(default_factory=dict)  # K(str) -> batch(str) -> {tpot_ms, step_ms, ...}
+    memory: dict = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        d = asdict(self)
+        d.pop("path")
+        d["schema"] = 1
+        return d
+
+    @property
+    def ks(self) -> list[int]:
+        return sorted(int(k) for k in self.spec)
+
+    @property
+    def batches(self) -> list[int]:
+        return sorted(int(b) for b in self.baseline)
+
+    def measured_speedup(self, k: int, batch: int) -> float | None:
+        """TPOT speedup measured at the table's synthetic acceptance (None when not measured)."""
+        base = self.baseline.get(str(batch), {}).get("tpot_ms")
+        row = self.spec.get(str(k), {}).get(str(batch), {})
+        if not base or not row.get("tpot_ms"):
+            return None
+        return base / row["tpot_ms"]
+
+
+def gpu_key(gpu_name: str) -> str:
+    """'NVIDIA H200' -> 'H200' (the catalog's GPU names are matched loosely)."""
+    name = gpu_name.replace("NVIDIA", "").strip()
+    return slug(name) or "unknown"
+
+
+def table_filename(target: str, draft: str, gpu: str, tp: int) -> str:
+    return f"{slug(target)}__{slug(draft)}__{slug(gpu)}__tp{tp}.json"
+
+
+def load_table(path: Path) -> CalibrationTable:
+    data = json.loads(Path(path).read_text())
+    keep = {k: data[k] for k in ("target", "draft", "gpu", "tp", "gpu_name", "vllm_version", "acceptance",
+                                 "baseline", "spec", "memory", "provenance") if k in data}
+    return CalibrationTable(path=str(path), **keep)
+
+
+def load_tables(directory: Path | None = None) -> list[CalibrationTable]:
+    directory = Path(directory or CALIBRATION_DIR)
+    if not directory.is_dir():
+        return []
+    out = []
+    for p in sorted(directory.glob("*.json")):
+        try:
+            out.append(load_table(p))
+        except (KeyError, TypeError, json.JSONDecodeError):
+            continue  # not a step-cost table (e.g. a raw campaign file); tables are validated on write
+    return out
+
+
+def find_table(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None):
+    """The calibration table for this layout, or None. Names and GPUs match loosely."""
+    for t in load_tables(directory):
+        if (_norm(t.target) == _norm(target) and _norm(t.draft) == _norm(draft) and int(t.tp) == int(tp)
+                and (_norm(t.gpu) in _norm(gpu) or _norm(gpu) in _norm(t.gpu))):
+            return t
+    return None
+
+
+def _row_from_result(batch_row: dict) -> dict | None:
+    if not batch_row or batch_row.get("skipped") or batch_row.get("tpot_ms") is None:
+        return None
+    keep = ("tpot_ms", "step_ms", "steps", "mean_acceptance_length", "decode_s", "max_tokens", "prompt_len",
+            "num_drafts", "num_accepted")
+    return {k: batch_row[k] for k in keep if batch_row.get(k) is not None}
+
+
+def tables_from_results(results: list[dict], *, command: str = "") -> list[CalibrationTable]:
+    """Group engine results (calibrate_worker run_engine outputs, with their specs) into tables.
+
+    A baseline engine (k=0) belongs to every (target, draft) table with the same target, GPU and TP.
+    """
+    baselines: dict = {}
+    spec_rows: dict = {}
+    memory: dict = {}
+    meta: dict = {}
+    for res in results:
+        if not res or res.get("status") not in ("ok",) or res.get("spec", {}).get("memory_only"):
+            continue
+        spec = res["spec"]
+        target, draft, tp = spec["target"], spec.get("draft"), int(spec.get("tp", 1))
+        gpu = gpu_key(res.get("gpu_name", "unknown"))
+        rows = {b: _row_from_result(r) for b, r in res.get("batches", {}).items()}
+        rows = {b: r for b, r in rows.items() if r}
+        if int(res.get("k") or 0) == 0:
+            baselines.setdefault((target, gpu, tp), {}).update(rows)
+        else:
+            key = (target, draft, gpu, tp)
+            spec_rows.setdefault(key, {})[str(res["k"])] = rows
+            meta[key] = {"gpu_name": res.get("gpu_name", ""), "vllm_version": res.get("vllm_version", ""),
+                         "acceptance": res.get("acceptance", 0.8)}
+        memory.setdefault((target, gpu, tp), {})[spec.get("id", f"{target}-{draft}-k{res.get('k')}")] = \
+            res.get("memory_lines", [])
+    tables = []
+    for (target, draft, gpu, tp), per_k in spec_rows.items():
+        base = baselines.get((target, gpu, tp), {})
+        m = meta[(target, draft, gpu, tp)]
+        tables.append(CalibrationTable(
+            target=target, draft=draft, gpu=gpu, tp=tp, gpu_name=m["gpu_name"], vllm_version=m["vllm_version"],
+            acceptance=m["acceptance"], baseline=base, spec=per_k,
+            memory={k: v for k, v in memory.get((target, gpu, tp), {}).items()},
+            provenance={"command": command, "created_unix": round(time.time()),
+                        "method": "vLLM offline, load_format=dummy, synthetic rejection sampling; "
+                                  "tpot = (t(max_tokens=M) - t(max_tokens=1)) / (M-1), medians of repeats",
+                        "shapes": {n: config_json_for(model_spec(n)) for n in (target, draft)}},
+        ))
+    return tables
+
+
+def write_table(table: CalibrationTable, directory: Path | None = None) -> Path:
+    directory = Path(directory or CALIBRATION_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / table_filename(table.target, table.draft, table.gpu, table.tp)
+    if path.exists():  # merge: a later campaign may add K values or batch sizes
+        old = load_table(path)
+        for b, row in old.baseline.items():
+            table.baseline.setdefault(b, row)
+        for k, rows in old.spec.items():
+            for b, row in rows.items():
+                table.spec.setdefault(k, {}).setdefault(b, row)
+        for k, v in old.memory.items():
+            table.memory.setdefault(k, v)
+    path.write_text(json.dumps(table.to_dict(), indent=1) + "\n")
+    table.path = str(path)
+    _store_table(table)
+    return path
+
+
+def _store_table(table: CalibrationTable) -> None:
+    """Also keep the table in the measurement store when that stage exists and takes it."""
+    try:
+        from draftfit.store import MeasurementStore
+    except ImportError:
+        return
+    try:
+        store = MeasurementStore()
+        add = getattr(store, "add_calibration", None)
+        if add is not None:
+            add(table.to_dict())
+    except Exception:  # the store is optional for calibration; the JSON file is the source of truth
+        return
+
+
+def engine_results_from_campaign(path: Path) -> list[dict]:
+    """Engine results (with memory lines) from a lane file written by calibrate_worker.run_lane."""
+    data = json.loads(Path(path).read_text())
+    out = []
+    for entry in data.get("configs", []):
+        res = entry.get("result")
+        if res:
+            res = dict(res, memory_lines=entry.get("memory_lines", []))
+            if entry.get("status") != "ok" and res.get("batches"):
+                res["status"] = "ok"  # partial (deadline): keep the batch sizes it measured
+            out.append(res)
+    return out
+
+
+def ingest_results(paths: list[Path], *, directory: Path | None = None, command: str = "") -> list[Path]:
+    """Campaign lane files (or single engine result files) -> step-cost tables in data/calibration/."""
+    results = []
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        results += engine_results_from_campaign(p) if "configs" in data else [data]
+    tables = tables_from_results(results, command=command)
+    if not tables:
+        raise DraftfitError("no usable speculative measurements in " + ", ".join(map(str, paths)),
+                            fix="check each config's status and error in the campaign file")
+    return [write_table(t, directory) for t in tables]
+
+
+# ---------------------------------------------------------------------------------------------------
+# `draftfit calibrate` on a GPU machine: engine specs, then the lane driver of calibrate_worker
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class CalibrationRun:
+    tables: list[str]
+    lane_file: str
+    statuses: dict
+    command: str
+
+
+def engine_specs(target, draft, *, ks, batches, tp, acceptance, config_root: Path, max_tokens=96,
+                 prompt_len=64, repeats=3, max_model_len=2048, util=0.85, engine_kwargs=None,
+                 include_baseline=True) -> list[dict]:
+    tdir = write_config_dir(target, config_root)
+    ddir = write_config_dir(draft, config_root)
+    common = dict(target=target.name, draft=draft.name, target_dir=str(tdir), draft_dir=str(ddir), tp=tp,
+                  batches=list(batches), acceptance=acceptance, max_tokens=max_tokens, prompt_len=prompt_len,
+                  repeats=repeats, max_model_len=max_model_len, util=util, vocab_size=target.vocab_size,
+                  max_num_seqs=max(batches), engine_kwargs=engine_kwargs or {})
+    specs = [dict(common, id=f"{slug(target.name)}-base-tp{tp}", k=0)] if include_baseline else []
+    specs += [dict(common, id=f"{slug(target.name)}-{slug(draft.name)}-k{k}-tp{tp}", k=int(k)) for k in ks]
+    return specs
+
+
+def run_calibration(target_name: str, draft_name: str, *, ks=(1, 2, 3, 4, 6, 8), batches=(1, 8, 32, 128),
+                    tp=1, acceptance=0.8, out: Path | None = None, budget_s: float = 3600,
+                    max_tokens=96, repeats=3, engine_kwargs=None, command: str = "") -> CalibrationRun:
+    from draftfit import calibrate_worker
+
+    try:
+        import vllm  # noqa: F401  (fail early with the install fix, before writing anything)
+    except ImportError:
+        raise DraftfitError("`draftfit calibrate` needs vLLM on a GPU machine",
+                            fix="pip install vllm (0.26+) there, or run bench/gpu_campaign.py") from None
+    target, draft = model_spec(target_name), model_spec(draft_name)
+    if target.vocab_size != draft.vocab_size:
+        raise DraftfitError(f"vLLM refuses this pair: vocab_size {target.vocab_size} != {draft.vocab_size}",
+                            fix="pick a draft with the target's vocabulary (`draftfit check`)")
+    if target.num_attention_heads % tp or draft.num_attention_heads % tp:
+        raise DraftfitError(f"attention heads are not divisible by TP={tp}", fix="choose another --tp")
+    work = Path(tempfile.mkdtemp(prefix="draftfit-calibrate-"))
+    a = float(acceptance[0]) if isinstance(acceptance, (list, tuple)) else float(acceptance)
+    specs = engine_specs(target, draft, ks=ks, batches=batches, tp=tp, acceptance=a, config_root=work / "configs",
+                         max_tokens=max_tokens, repeats=repeats, engine_kwargs=engine_kwargs)
+    lane = {"name": "calibrate", "deadline_unix": time.time() + budget_s, "configs": specs,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    lane_file = work / "lane.json"
+    calibrate_worker.run_lane(lane, str(lane_file), str(work / "engines"))
+    report = json.loads(lane_file.read_text())
+    statuses = {e["id"]: e["status"] + ("" if e["status"] == "ok" else f": {e.get('error') or e.get('reason')}")
+                for e in report["configs"]}
+    out_dir = Path(out).parent if out else None
+    paths = ingest_results([lane_file], directory=out_dir, command=command)
+    if out and paths and Path(paths[0]) != Path(out):
+        Path(paths[0]).rename(out)
+        paths[0] = Path(out)
+    return CalibrationRun(tables=[str(p) for p in paths], lane_file=str(lane_file), statuses=statuses,
+                          command=command)
+
+
+def cli_command() -> str:
+    return " ".join(["draftfit", *sys.argv[1:]]) if sys.argv else "draftfit calibrate"
+
+
+if __name__ == "__main__":  # `python -m draftfit.calibrate --write-configs`: the campaign's config files
+    if sys.argv[1:] == ["--write-configs"]:
+        for folder in write_campaign_configs():
+            print(folder / "config.json")
+    else:
+        sys.exit("usage: python -m draftfit.calibrate --write-configs")

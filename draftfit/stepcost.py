@@ -1,0 +1,277 @@
+"""Step-cost model: how long a plain decode step and a speculative step take, per batch size.
+
+Two sources, the better one wins:
+- calibrated: a table in data/calibration/*.json measured by `draftfit calibrate` / bench/gpu_campaign.py
+  for this (target, draft, GPU, TP). Baseline step = measured TPOT; speculative step(K) = measured decode
+  time per engine step. Batch sizes in between are interpolated in log(batch); K values not measured come
+  from a straight-line fit of step(K) = a + b*K at that batch (one verify + K draft passes: linear in K).
+- roofline prior: a forward pass costs max(bytes / bandwidth, FLOPs / throughput) + a per-pass launch
+  cost, where bytes = weights per rank + KV cache read, FLOPs = 2 x params x tokens + attention. A plain
+  vLLM decode step adds a fixed overhead (scheduler, sampler; async scheduling hides part of it), a
+  speculative step a larger one (rejection sampler, draft bookkeeping, async scheduling switched off when a
+  draft model is used). The constants below are priors; `fit_overheads` refits them from calibration.
+
+c (Leviathan et al. 2023's cost coefficient) = one draft forward / one plain target step, per batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from draftfit.errors import DraftfitError
+
+# Fractions of the data-sheet numbers a decode step reaches. Bandwidth: a device-to-device copy on the lent
+# H200 moved ~4.3 TB/s against 4.8 on the sheet (/work/.library/device/KINDS.md); decode GEMVs reach a bit
+# less. FLOPs: a large bf16 GEMM ran at ~790 of 989 TFLOP/s there; verify GEMMs are small, hence 0.55.
+BANDWIDTH_EFFICIENCY = 0.80
+FLOPS_EFFICIENCY = 0.55
+# vLLM overheads in ms (priors, replaced by fit_overheads when calibration tables exist).
+PLAIN_STEP_OVERHEAD_MS = 0.6  # scheduler + sampler per decode step, CUDA graphs on, async scheduling on
+SPEC_STEP_OVERHEAD_MS = 1.6  # rejection sampler, proposer bookkeeping, no async scheduling
+FORWARD_LAUNCH_MS = 0.12  # per forward pass replayed from a CUDA graph (each draft pass is one)
+ALLREDUCE_US = 9.0  # per all-reduce at TP>1 (two per layer), small messages over NVLink
+PRIOR_UNCERTAINTY = 0.25  # relative band of a roofline step cost
+CALIBRATED_UNCERTAINTY = 0.06  # spread of medians across repeats and interpolation
+
+_FALLBACK_GPUS = {  # used only when catalogs/gpus.yaml is missing (data-sheet numbers)
+    "H200": (139.8, 4800.0, 989.0), "H100-80GB": (79.2, 3350.0, 989.0), "A100-80GB": (79.2, 2039.0, 312.0),
+}
+
+
+def gpu_spec(gpu):
+    """A GpuSpec from a name or a GpuSpec."""
+    if not isinstance(gpu, str):
+        return gpu
+    from draftfit.catalog import GpuSpec, resolve_gpu
+
+    try:
+        return resolve_gpu(gpu)
+    except (FileNotFoundError, OSError):
+        key = next((k for k in _FALLBACK_GPUS if k.lower().replace("-", "") in gpu.lower().replace("-", "")), None)
+        if key is None:
+            raise DraftfitError(f"unknown GPU {gpu!r} (no GPU catalog here)", fix="use H200, H100-80GB or A100-80GB")
+        mem, bw, tf = _FALLBACK_GPUS[key]
+        return GpuSpec(name=key, memory_gib=mem, bandwidth_gbps=bw, bf16_tflops=tf, source="data sheet (fallback)")
+
+
+def model_spec(model):
+    if not isinstance(model, str):
+        return model
+    from draftfit.calibrate import model_spec as resolve
+
+    return resolve(model)
+
+
+def _dtype_bytes(spec) -> float:
+    return {"float32": 4, "float16": 2, "bfloat16": 2}.get(getattr(spec, "dtype", "bfloat16"), 2)
+
+
+def weight_bytes_per_rank(spec, tp: int) -> float:
+    """Bytes a forward pass streams from HBM for the weights: all layers + LM head (embedding rows are
+    gathered, not streamed). Tensor parallelism splits them evenly."""
+    h, layers = spec.hidden_size, spec.num_layers
+    q = spec.num_attention_heads * spec.head_dim
+    kv = spec.num_kv_heads * spec.head_dim
+    attn = h * q * 2 + h * kv * 2
+    inter = spec.moe_intermediate_size or spec.intermediate_size
+    experts_read = max(spec.num_experts_per_tok, 1) if spec.is_moe else 1
+    mlp = 3 * h * inter * experts_read
+    params = layers * (attn + mlp) + spec.vocab_size * h
+    return params * _dtype_bytes(spec) / tp
+
+
+def flops_per_token(spec, context_len: int, tp: int) -> float:
+    h, layers = spec.hidden_size, spec.num_layers
+    q = spec.num_attention_heads * spec.head_dim
+    kv = spec.num_kv_heads * spec.head_dim
+    inter = spec.moe_intermediate_size or spec.intermediate_size
+    experts = max(spec.num_experts_per_tok, 1) if spec.is_moe else 1
+    dense = layers * (h * q * 2 + h * kv * 2 + 3 * h * inter * experts) + spec.vocab_size * h
+    attn = layers * 4 * q * context_len  # QK^T and PV
+    return (2 * dense + attn) / tp
+
+
+def kv_bytes_per_token_per_rank(spec, tp: int) -> float:
+    kv_heads = max(spec.num_kv_heads // tp, 1) if spec.num_kv_heads >= tp else 1
+    return spec.num_layers * 2 * kv_heads * spec.head_dim * 2  # bf16 KV
+
+
+def forward_ms(spec, gpu, *, batch: int, tokens_per_seq: int, context_len: int, tp: int = 1) -> float:
+    """Roofline time of one forward pass over batch x tokens_per_seq new tokens at this context length."""
+    tokens = batch * tokens_per_seq
+    bytes_ = weight_bytes_per_rank(spec, tp) + batch * context_len * kv_bytes_per_token_per_rank(spec, tp)
+    t_mem = bytes_ / (gpu.bandwidth_gbps * 1e9 * BANDWIDTH_EFFICIENCY)
+    t_flop = tokens * flops_per_token(spec, context_len, tp) / (gpu.bf16_tflops * 1e12 * FLOPS_EFFICIENCY)
+    t_comm = (2 * spec.num_layers * ALLREDUCE_US * 1e-6) if tp > 1 else 0.0
+    return 1000 * (max(t_mem, t_flop) + t_comm) + FORWARD_LAUNCH_MS
+
+
+@dataclass
+class StepCost:
+    """Step costs at one batch size. spec_step_ms[K] is one speculative engine step (verify + K drafts)."""
+
+    batch: int
+    base_step_ms: float
+    spec_step_ms: dict  # K -> ms
+    draft_forward_ms: float
+    c: float  # draft forward / plain target step
+    spec_overhead_ms: float  # fixed extra of a speculative step over a plain one (0 drafts)
+    source: str
+    uncertainty: float  # relative
+    verify_ms: dict = field(default_factory=dict)  # K -> target verify of K+1 tokens/seq (prior only)
+
+
+@dataclass
+class StepCostModel:
+    target: str
+    draft: str
+    gpu: str
+    tp: int
+    context_len: int
+    source: str  # 'calibrated:<file>' or 'roofline prior'
+    per_batch: dict  # batch -> StepCost
+    notes: list = field(default_factory=list)
+
+
+def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
+                    overheads: dict | None = None) -> StepCost:
+    ov = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "spec_ms": SPEC_STEP_OVERHEAD_MS, **(overheads or {})}
+    base = forward_ms(target, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) + ov["plain_ms"]
+    draft_fwd = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    spec, verify = {}, {}
+    for k in k_values:
+        verify[k] = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
+        spec[k] = verify[k] + k * draft_fwd + ov["spec_ms"]
+    return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=draft_fwd,
+                    c=draft_fwd / base, spec_overhead_ms=ov["spec_ms"] - ov["plain_ms"], source="roofline prior",
+                    uncertainty=PRIOR_UNCERTAINTY, verify_ms=verify)
+
+
+def _interp_log_batch(points: dict, batch: int) -> float | None:
+    """Interpolate {batch: value} in log(batch); None outside the measured range."""
+    xs = sorted(points)
+    if not xs:
+        return None
+    if batch in points:
+        return points[batch]
+    if batch < xs[0] or batch > xs[-1]:
+        return None
+    lo = max(x for x in xs if x < batch)
+    hi = min(x for x in xs if x > batch)
+    w = (math.log(batch) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return points[lo] * (1 - w) + points[hi] * w
+
+
+def _linear_fit(ks: list[int], ys: list[float]) -> tuple[float, float]:
+    n = len(ks)
+    if n == 1:
+        return ys[0], 0.0
+    mk, my = sum(ks) / n, sum(ys) / n
+    var = sum((k - mk) ** 2 for k in ks)
+    b = sum((k - mk) * (y - my) for k, y in zip(ks, ys)) / var if var else 0.0
+    return my - b * mk, b
+
+
+def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp: int = 1,
+                         context_len: int = 1024) -> StepCost | None:
+    """Step costs from a calibration table; outside its batch range, the measured values at the nearest
+    edge are scaled by the roofline's ratio between the two batch sizes."""
+    base_pts = {int(b): r["step_ms"] for b, r in table.baseline.items() if r.get("step_ms")}
+    spec_pts = {int(k): {int(b): r["step_ms"] for b, r in rows.items() if r.get("step_ms")}
+                for k, rows in table.spec.items()}
+    spec_pts = {k: v for k, v in spec_pts.items() if v}
+    if not base_pts or not spec_pts:
+        return None
+    all_b = sorted(base_pts)
+    anchor = batch if all_b[0] <= batch <= all_b[-1] else (all_b[0] if batch < all_b[0] else all_b[-1])
+    scale = 1.0
+    if anchor != batch:  # extrapolate in batch with the roofline's shape
+        p_at = prior_step_cost(target, draft, gpu, batch=batch, k_values=[1], tp=tp, context_len=context_len)
+        p_an = prior_step_cost(target, draft, gpu, batch=anchor, k_values=[1], tp=tp, context_len=context_len)
+        scale = p_at.base_step_ms / p_an.base_step_ms
+    base = _interp_log_batch(base_pts, anchor)
+    measured = {k: _interp_log_batch(pts, anchor) for k, pts in spec_pts.items()}
+    measured = {k: v for k, v in measured.items() if v is not None}
+    if base is None or not measured:
+        return None
+    a, b = _linear_fit(sorted(measured), [measured[k] for k in sorted(measured)])
+    spec = {}
+    for k in k_values:
+        spec[k] = (measured[k] if k in measured else a + b * k) * scale
+    base *= scale
+    # b: cost of one more drafted token (a draft pass plus the verify's extra token); a - base: the fixed
+    # extra cost of a speculative step over a plain one.
+    unc = CALIBRATED_UNCERTAINTY * (1 if anchor == batch else 2)
+    return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=b * scale,
+                    c=(b * scale) / base, spec_overhead_ms=(a * scale) - base,
+                    source=f"calibrated:{table.path.split('/')[-1] if table.path else table.target}",
+                    uncertainty=unc)
+
+
+def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
+                    context_len: int = 1024, calibration_dir=None) -> StepCostModel:
+    from draftfit.calibrate import find_table
+
+    t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
+    ks = list(k_values)
+    table = find_table(t.name, d.name, g.name, tp, calibration_dir)
+    per_batch, notes = {}, []
+    for b in batches:
+        sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len) \
+            if table else None
+        if sc is None:
+            sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len,
+                                 overheads=fitted_overheads())
+        per_batch[b] = sc
+    sources = {sc.source for sc in per_batch.values()}
+    if table is None:
+        notes.append(f"no calibration table for {t.name} + {d.name} on {g.name} TP={tp}: roofline prior "
+                     f"(±{PRIOR_UNCERTAINTY:.0%})")
+    return StepCostModel(target=t.name, draft=d.name, gpu=g.name, tp=tp, context_len=context_len,
+                         source=sources.pop() if len(sources) == 1 else "mixed: " + ", ".join(sorted(sources)),
+                         per_batch=per_batch, notes=notes)
+
+
+_FITTED: dict | None = None
+
+
+def fitted_overheads(calibration_dir=None) -> dict:
+    """Plain and speculative step overheads (ms) refitted from every calibration table: the mean gap
+    between measured and roofline step costs. Falls back to the priors when nothing is calibrated."""
+    global _FITTED
+    if _FITTED is not None and calibration_dir is None:
+        return _FITTED
+    from draftfit.calibrate import load_tables
+
+    plain, spec = [], []
+    for table in load_tables(calibration_dir):
+        try:
+            t, d, g = model_spec(table.target), model_spec(table.draft), gpu_spec(table.gpu)
+        except DraftfitError:
+            continue
+        for b, row in table.baseline.items():
+            p = prior_step_cost(t, d, g, batch=int(b), k_values=[1], tp=table.tp, context_len=_ctx(row),
+                                overheads={"plain_ms": 0.0, "spec_ms": 0.0})
+            plain.append(row["step_ms"] - p.base_step_ms)
+        for k, rows in table.spec.items():
+            for b, row in rows.items():
+                if not row.get("step_ms"):
+                    continue
+                p = prior_step_cost(t, d, g, batch=int(b), k_values=[int(k)], tp=table.tp, context_len=_ctx(row),
+                                    overheads={"plain_ms": 0.0, "spec_ms": 0.0})
+                spec.append(row["step_ms"] - p.spec_step_ms[int(k)])
+    out = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "spec_ms": SPEC_STEP_OVERHEAD_MS, "n_plain": len(plain),
+           "n_spec": len(spec)}
+    if plain:
+        out["plain_ms"] = max(sorted(plain)[len(plain) // 2], 0.0)
+    if spec:
+        out["spec_ms"] = max(sorted(spec)[len(spec) // 2], 0.0)
+    if calibration_dir is None:
+        _FITTED = out
+    return out
+
+
+def _ctx(row: dict) -> int:
+    # Mean context during the timed decode: the prompt plus half the generated tokens.
+    return int(row.get("prompt_len", 64) + row.get("max_tokens", 96) / 2)

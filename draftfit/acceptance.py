@@ -54,6 +54,7 @@ class AcceptanceResult:
     output_tokens: int = 0
     seconds: float = 0.0
     tokens_per_s: float = 0.0
+    wall_s: float = 0.0  # the whole measurement (engine start or model load + every temperature)
     source: str = ""  # "measured run <id> (vllm ...)" etc.
 
 

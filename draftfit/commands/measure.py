@@ -35,23 +35,22 @@ def resolve_local(name: str) -> LocalModel:
             data = json.loads(manifest.read_text())
             return LocalModel(data["name"], path.resolve(), data.get("hub_id", ""))
         return LocalModel(path.resolve().name, path.resolve())
-    for fixture in fx.FIXTURES.values():
-        if fx.local_model_path(name) is not None or name in (fixture.name, fixture.hub_id):
-            hit = fx.local_model_path(name)
-            if hit is None:
-                raise DraftfitError(f"{name} is known but not converted yet",
-                                    fix="run `make models` (python -m draftfit.fixtures models) once")
-            key = next(f for f in fx.FIXTURES.values() if fx.model_dir(f.name) == hit)
-            return LocalModel(key.name, hit, key.hub_id)
+    hit = fx.local_model_path(name)
+    if hit is not None:
+        fixture = next(f for f in fx.FIXTURES.values() if fx.model_dir(f.name) == hit)
+        return LocalModel(fixture.name, hit, fixture.hub_id)
     from draftfit.catalog import resolve_model
 
     spec = resolve_model(name)
     hit = fx.local_model_path(spec)
+    if hit is None and spec.name in fx.FIXTURES:
+        raise DraftfitError(f"{spec.name} is known but not converted yet",
+                            fix="run `make models` (python -m draftfit.fixtures models) once")
     if hit is None:
         raise DraftfitError(f"no local weights for {spec.name}",
                             fix="measuring runs the models: pass a local model folder (config.json + weights), "
                                 "or use the Qwen2.5-Coder-1.5B/0.5B pair from `make models`")
-    return LocalModel(spec.name, hit, spec.hub_id)
+    return LocalModel(spec.name, Path(hit), spec.hub_id)
 
 
 def run_measurement(target: str, draft: str, *, workload: str, temperatures: list[float], k: int = 8,
@@ -78,6 +77,7 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
                 num_prompts=num_prompts, max_tokens=max_tokens,
                 prompt_set_hash=prompt_set_hash(workload, num_prompts), started_at=started)
     store = MeasurementStore(store_path)
+    wall_t0 = time.monotonic()  # reset once the heavy-job lock is ours: waiting is not measuring
     import transformers  # noqa: F401 - version for provenance; both backends load it anyway
 
     tf_version = transformers.__version__
@@ -90,6 +90,7 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
                                  temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
                                  seed=seed, group_size=group_size)
             with heavy_lock():
+                wall_t0 = time.monotonic()
                 raw = run_vllm(req, progress=progress)
             versions = {"vllm_version": raw["vllm_version"], "transformers_version": tf_version}
         elif backend == "hf":
@@ -97,12 +98,14 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
             from draftfit.measure_hf import estimate_hf
 
             with heavy_lock():
+                wall_t0 = time.monotonic()
                 raw = estimate_hf(str(t_model.path), str(d_model.path), workload=workload,
                                   temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
                                   seed=seed, progress=progress)
             versions = {"vllm_version": "", "transformers_version": tf_version}
         else:
             raise DraftfitError(f"unknown backend {backend!r}", fix="use --backend vllm or --backend hf")
+        wall_s = round(time.monotonic() - wall_t0, 1)
     except DraftfitError as exc:
         for t in temperatures:
             store.record_run(RunRecord(**base, temperature=t, status="failed", error=exc.one_line(),
@@ -132,9 +135,10 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
             num_accepted=accepted, k=k, temperature=t, workload=workload, backend=backend, groups=groups,
             seed=seed, target=t_model.name, draft=d_model.name, num_prompts=num_prompts, max_tokens=max_tokens,
             output_tokens=per["output_tokens"], seconds=seconds,
-            tokens_per_s=per["output_tokens"] / seconds if seconds else 0.0)
+            tokens_per_s=per["output_tokens"] / seconds if seconds else 0.0, wall_s=wall_s)
         extra = {"startup_s": raw.get("startup_s"), **(per.get("extra") or {}), "groups_match_counters": groups_match,
-                 "per_request_metrics": bool(per.get("per_request"))}
+                 "per_request_metrics": bool(per.get("per_request")),
+                 "wall_s": wall_s, "temperatures_in_run": temperatures}
         run_id = store.record_run(RunRecord(**base, temperature=t, ended_at=now_iso(), extra=extra, **versions), res)
         res.source = f"measured run {run_id} ({backend}, {store.path})"
         results.append(res)

@@ -37,19 +37,33 @@ def _print(r, con) -> None:
 @click.option("--count", type=int, default=None, help="Stop after N interval readings.")
 @click.option("--cost-ratio", type=float, default=None,
               help="Draft step cost / target decode step cost used to advise K (default 0.1).")
+@click.option("--target", default=None, help="Served target (with --draft and --gpu: K advice from step costs).")
+@click.option("--draft", default=None, help="Served draft.")
+@click.option("--gpu", default=None, help="GPU the server runs on (catalog name).")
+@click.option("--tp", type=int, default=1, show_default=True)
+@click.option("--batch", type=int, default=1, show_default=True, help="Typical batch size, for the K advice.")
 @json_option
-def monitor(url, interval, once, count, cost_ratio, as_json):
+def monitor(url, interval, once, count, cost_ratio, target, draft, gpu, tp, batch, as_json):
     """Read URL/metrics (a vLLM server): acceptance rate, mean acceptance length, per position, and K advice."""
+    from draftfit.errors import DraftfitError
     from draftfit.monitor import read_once, watch
     from draftfit.render import console, emit_json
 
+    layout = None
+    if target or draft or gpu:
+        if not (target and draft and gpu):
+            raise DraftfitError("--target, --draft and --gpu go together", fix="pass all three, or none")
+        from draftfit.catalog import resolve_gpu, resolve_model
+
+        layout = {"target": resolve_model(target), "draft": resolve_model(draft), "gpu": resolve_gpu(gpu), "tp": tp,
+                  "batch": batch}
     con = console()
     if once:
-        r = read_once(url, cost_ratio=cost_ratio)
+        r = read_once(url, cost_ratio=cost_ratio, layout=layout)
         emit_json(r) if as_json else _print(r, con)
         return
     try:
-        for r in watch(url, interval, cost_ratio=cost_ratio, count=count):
+        for r in watch(url, interval, cost_ratio=cost_ratio, count=count, layout=layout):
             if as_json:
                 import json
 

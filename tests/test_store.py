@@ -1,0 +1,153 @@
+"""The SQLite measurement store: schema version, atomic runs, failed runs, lookup, export."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from draftfit.acceptance import result_from_counts
+from draftfit.store import SCHEMA_VERSION, MeasurementStore, RunRecord, now_iso, reference_runs
+
+
+def _result(k=4, drafts=10, per_pos=(8, 6, 3, 1), temperature=0.0):
+    return result_from_counts(per_position_accepted=list(per_pos), num_drafts=drafts, num_draft_tokens=drafts * k,
+                              num_accepted=sum(per_pos), k=k, temperature=temperature, workload="code",
+                              backend="vllm", groups=[{"num_drafts": 5, "per_position_accepted": [4, 3, 2, 1]},
+                                                      {"num_drafts": 5, "per_position_accepted": [4, 3, 1, 0]}])
+
+
+def _record(**kw):
+    base = dict(backend="vllm", target="Qwen2.5-Coder-1.5B", draft="Qwen2.5-Coder-0.5B", workload="code",
+                temperature=0.0, k=4, started_at=now_iso(), target_hash="t" * 64, draft_hash="d" * 64,
+                vllm_version="0.32.0", prompt_set_hash="p" * 64, num_prompts=2, max_tokens=24)
+    base.update(kw)
+    return RunRecord(**base)
+
+
+def test_schema_is_versioned_and_reopening_is_a_no_op(tmp_path):
+    path = tmp_path / "s.sqlite"
+    with MeasurementStore(path) as s:
+        assert s.schema_version == SCHEMA_VERSION >= 1
+        s.record_run(_record(), _result())
+    with MeasurementStore(path) as s:  # migration does not run twice or lose rows
+        assert s.schema_version == SCHEMA_VERSION
+        assert len(s.runs()) == 1
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.commit()
+    conn.close()
+    from draftfit.errors import DraftfitError
+
+    with pytest.raises(DraftfitError, match="newer"):
+        MeasurementStore(path)
+
+
+def test_round_trip_with_provenance_and_positions(tmp_path):
+    with MeasurementStore(tmp_path / "s.sqlite") as s:
+        res = _result()
+        run_id = s.record_run(_record(), res)
+        assert res.run_id == run_id
+        row = s.get(run_id)
+    assert row["status"] == "ok" and row["error"] is None
+    assert row["per_position_accepted"] == [8, 6, 3, 1]
+    assert row["num_drafts"] == 10 and row["num_accepted"] == 18 and row["num_draft_tokens"] == 40
+    assert row["mean_acceptance_length"] == pytest.approx(2.8)
+    assert row["vllm_version"] == "0.32.0" and row["draftfit_version"]
+    assert row["target_hash"] == "t" * 64 and row["prompt_set_hash"] == "p" * 64
+    assert row["started_at"] <= row["ended_at"]
+    assert len(row["groups"]) == 2
+
+
+def test_failed_run_is_recorded_with_its_error(tmp_path):
+    with MeasurementStore(tmp_path / "s.sqlite") as s:
+        run_id = s.record_run(_record(status="failed", error="vLLM worker exited with code -9: Killed"))
+        row = s.get(run_id)
+        assert row["status"] == "failed" and "Killed" in row["error"]
+        assert row["per_position_accepted"] == [] and row["acceptance_rate"] is None
+        # A failed run never answers a lookup.
+        assert s.lookup_acceptance("Qwen2.5-Coder-1.5B", "Qwen2.5-Coder-0.5B", "code", 0.0,
+                                   include_reference=False) is None
+
+
+def test_killed_mid_write_leaves_no_partial_run(tmp_path):
+    """A process killed after the runs row is inserted but before the positions are: nothing is visible."""
+    path = tmp_path / "s.sqlite"
+    MeasurementStore(path).close()
+    script = textwrap.dedent(f"""
+        import os
+        from draftfit.store import MeasurementStore
+        from tests.test_store import _record, _result
+        s = MeasurementStore({str(path)!r})
+        def die(run_id, result):
+            assert s._conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1  # inside the transaction
+            os._exit(9)   # like SIGKILL: no cleanup, no rollback
+        s._insert_details = die
+        s.record_run(_record(), _result())
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+    assert proc.returncode == 9
+    with MeasurementStore(path) as s:
+        assert s.runs() == []
+        assert s._conn.execute("SELECT count(*) FROM run_positions").fetchone()[0] == 0
+
+
+def test_exception_mid_write_rolls_back(tmp_path):
+    with MeasurementStore(tmp_path / "s.sqlite") as s:
+        def boom(run_id, result):
+            raise RuntimeError("disk full")
+        s._insert_details = boom
+        with pytest.raises(RuntimeError):
+            s.record_run(_record(), _result())
+        assert s.runs() == []
+
+
+def test_lookup_prefers_the_users_store_and_nearest_temperature(tmp_path):
+    with MeasurementStore(tmp_path / "s.sqlite") as s:
+        s.record_run(_record(temperature=0.0), _result(temperature=0.0))
+        hot = s.record_run(_record(temperature=0.7), _result(per_pos=(5, 3, 1, 0), temperature=0.7))
+        got = s.lookup_acceptance("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen2.5-Coder-0.5B", "code", 0.6)
+        assert got.run_id == hot and got.temperature == 0.7
+        assert got.per_position_accepted == [5, 3, 1, 0]
+        assert "measured run" in got.source
+        assert s.lookup_acceptance("Qwen2.5-Coder-1.5B", "Llama-3.2-1B", "code", 0.0, include_reference=False) is None
+        assert s.lookup_acceptance("Qwen2.5-Coder-1.5B", "Qwen2.5-Coder-0.5B", "math", 0.0,
+                                   include_reference=False) is None
+
+
+def test_reference_runs_are_well_formed_and_found(tmp_path):
+    refs = reference_runs()
+    if not refs:
+        pytest.skip("no reference runs shipped yet (bench/acceptance.py --reference)")
+    for r in refs:
+        assert r["status"] == "ok" and len(r["per_position_accepted"]) == r["k"]
+        assert r["num_accepted"] == sum(r["per_position_accepted"])
+    r = refs[0]
+    with MeasurementStore(tmp_path / "empty.sqlite") as s:
+        got = s.lookup_acceptance(r["target"], r["draft"], r["workload"], r["temperature"])
+    assert got is not None and got.source.startswith("reference run")
+
+
+def test_runs_cli_list_show_export(tmp_path):
+    from click.testing import CliRunner
+
+    from draftfit.cli import cli
+
+    path = tmp_path / "s.sqlite"
+    with MeasurementStore(path) as s:
+        ok = s.record_run(_record(), _result())
+        s.record_run(_record(status="failed", error="boom"))
+    runner = CliRunner()
+    out = runner.invoke(cli, ["runs", "export", "--format", "json", "--store", str(path)])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)
+    assert [r["status"] for r in rows] == ["ok", "failed"]
+    out = runner.invoke(cli, ["runs", "export", "--format", "csv", "--store", str(path)])
+    assert out.output.splitlines()[1].endswith("8;6;3;1")
+    out = runner.invoke(cli, ["runs", "show", str(ok), "--json", "--store", str(path)])
+    shown = json.loads(out.output)
+    assert [c["k"] for c in shown["curve"]] == [1, 2, 3, 4]
+    out = runner.invoke(cli, ["runs", "show", "99", "--store", str(path)])
+    assert out.exit_code == 2 and "no run 99" in out.output

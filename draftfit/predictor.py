@@ -171,6 +171,37 @@ def training_set(tables, *, overheads: dict | None = None) -> TrainingSet:
     return ts
 
 
+def loo_by_configuration(tables, **params) -> dict | None:
+    """Leave one calibration table out: overheads refitted and the corrector trained on the others, both
+    the roofline alone and the corrected prediction scored on the held-out table (errors vs measured)."""
+    import numpy as np
+
+    from draftfit.stepcost import fitted_overheads
+
+    usable = [t for t in tables if training_set([t]).y]
+    if len(usable) < 2:
+        return None
+    err_c, err_p = [], []
+    for held in usable:
+        train = [t for t in usable if t is not held]
+        ov = fitted_overheads(tables=train)
+        tr, te = training_set(train, overheads=ov), training_set([held], overheads=ov)
+        if len(tr.y) < 4 or not te.y:
+            continue
+        model = _corrector()(**params).fit(tr.X, tr.y)
+        pred = model.predict(te.X)
+        y = np.asarray(te.y)
+        err_c += list(np.abs(np.exp(pred - y) - 1))
+        err_p += list(np.abs(np.exp(-y) - 1))
+    if not err_c:
+        return None
+    err_c, err_p = np.asarray(err_c), np.asarray(err_p)
+    return {"method": f"leave-one-configuration-out ({len(usable)} configurations; overheads and corrector "
+                      f"refitted without the held-out one)", "n": int(len(err_c)),
+            "mape_corrected": float(err_c.mean()), "mape_prior": float(err_p.mean()),
+            "max_err_corrected": float(err_c.max()), "within_15pct_corrected": float((err_c <= 0.15).mean())}
+
+
 def cross_validate(ts: TrainingSet, **params) -> dict:
     """Leave-one-configuration-out (GroupKFold over tables) when there are 2+ tables, else 5-fold."""
     import numpy as np
@@ -224,7 +255,7 @@ def fit_default(tables=None, *, model_dir: Path = MODEL_DIR) -> FitReport:
         raise DraftfitError(f"not enough calibration data to train on ({len(ts.y)} samples; no calibration data yet)"
                             if ts.y else "no calibration data yet",
                             fix="run the GPU campaign (docs/GPU_CAMPAIGN_READY.md) and `draftfit calibrate --ingest`")
-    cv = cross_validate(ts)
+    cv = loo_by_configuration(tables) or cross_validate(ts)
     model = _corrector()().fit(ts.X, ts.y)
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -278,7 +309,11 @@ def load_default(model_dir: Path = MODEL_DIR) -> LoadedCorrector | None:
     blob = joblib.load(mpath)
     if blob.get("sklearn") != sklearn.__version__ or blob.get("features") != FEATURES:
         return None  # retrain with `draftfit fit`; a pickled model of another version is not trusted
-    loaded = LoadedCorrector(blob["model"], json.loads(rpath.read_text()))
+    report = json.loads(rpath.read_text())
+    cv = report.get("cv", {})
+    if cv.get("mape_corrected", 1.0) >= cv.get("mape_prior", 0.0):
+        return None  # cross-validation says the correction does not beat the roofline: do not apply it
+    loaded = LoadedCorrector(blob["model"], report)
     if model_dir == MODEL_DIR:
         _DEFAULT = loaded
     return loaded

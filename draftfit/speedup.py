@@ -200,8 +200,10 @@ def k_schedule(best_by_batch: dict) -> list | None:
 
 
 def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,), k_values=range(1, 9),
-                    context_len: int = 1024, calibration_dir=None, use_model: bool = True) -> SpeedupPrediction:
-    """Predicted TPOT speedup for each K and batch size, best K per batch, band, verdict and K schedule."""
+                    context_len: int = 1024, calibration_dir=None, use_model: bool = False) -> SpeedupPrediction:
+    """Predicted TPOT speedup for each K and batch size, best K per batch, band, verdict and K schedule.
+    use_model: apply the learned correction (data/models/, imports scikit-learn: `draftfit speedup` does,
+    the catalog ranking does not, to stay fast and light)."""
     from draftfit.stepcost import step_cost_model
 
     ks = sorted({int(k) for k in k_values})

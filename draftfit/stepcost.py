@@ -212,10 +212,20 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
     measured = {k: v for k, v in measured.items() if v is not None}
     if base is None or not measured:
         return None
-    a, b = _linear_fit(sorted(measured), [measured[k] for k in sorted(measured)])
     spec = {}
-    for k in k_values:
-        spec[k] = (measured[k] if k in measured else a + b * k) * scale
+    if len(measured) >= 2:
+        a, b = _linear_fit(sorted(measured), [measured[k] for k in sorted(measured)])
+        for k in k_values:
+            spec[k] = (measured[k] if k in measured else a + b * k) * scale
+    else:  # one K measured: the prior's step costs over K, scaled to pass through the measured one
+        (k0, m0), = measured.items()
+        pr = prior_step_cost(target, draft, gpu, batch=anchor, k_values=sorted({k0, k0 + 1, *k_values}), tp=tp,
+                             context_len=context_len, overheads=fitted_overheads())
+        f = m0 / pr.spec_step_ms[k0]
+        for k in k_values:
+            spec[k] = (measured[k] if k in measured else pr.spec_step_ms[k] * f) * scale
+        b = (pr.spec_step_ms[k0 + 1] - pr.spec_step_ms[k0]) * f
+        a = m0 - b * k0
     base *= scale
     # b: cost of one more drafted token (a draft pass plus the verify's extra token); a - base: the fixed
     # extra cost of a speculative step over a plain one.
@@ -302,22 +312,38 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
 
 
 def _nonneg_lstsq(rows, ys) -> list[float]:
-    """Least squares with every coefficient >= 0: solve, drop the most negative column, repeat."""
-    import numpy as np
-
-    A, y = np.asarray(rows, float), np.asarray(ys, float)
-    active = list(range(A.shape[1]))
-    coef = np.zeros(A.shape[1])
+    """Least squares with every coefficient >= 0 (solve; drop the most negative column; repeat), in plain
+    Python: the base install (catalog ranking) has no numpy."""
+    n = len(rows[0])
+    coef = [0.0] * n
+    active = list(range(n))
     while active:
-        sub = A[:, active]
-        if not sub.any():
+        sol = _solve_normal([[r[j] for j in active] for r in rows], ys)
+        if sol is None:
+            active.pop()
+            continue
+        if all(v >= 0 for v in sol):
+            for j, v in zip(active, sol):
+                coef[j] = v
             break
-        sol, *_ = np.linalg.lstsq(sub, y, rcond=None)
-        if (sol >= 0).all():
-            coef[active] = sol
-            break
-        active.pop(int(np.argmin(sol)))
-    return [float(c) for c in coef]
+        active.pop(min(range(len(sol)), key=lambda i: sol[i]))
+    return coef
+
+
+def _solve_normal(A, y):
+    """(A^T A) x = A^T y by Gaussian elimination with partial pivoting; None when singular."""
+    m = len(A[0])
+    M = [[sum(r[i] * r[j] for r in A) for j in range(m)] + [sum(r[i] * v for r, v in zip(A, y))] for i in range(m)]
+    for c in range(m):
+        p = max(range(c, m), key=lambda r: abs(M[r][c]))
+        if abs(M[p][c]) < 1e-12:
+            return None
+        M[c], M[p] = M[p], M[c]
+        for r in range(m):
+            if r != c:
+                f = M[r][c] / M[c][c]
+                M[r] = [a - f * b for a, b in zip(M[r], M[c])]
+    return [M[i][m] / M[i][i] for i in range(m)]
 
 
 def _ctx(row: dict) -> int:

@@ -113,11 +113,11 @@ def test_cli_ingest_and_fit_without_data(tmp_path):
 
 
 def test_campaign_plan_is_within_device_limits():
-    res = subprocess.run([sys.executable, "bench/gpu_campaign.py", "--phase", "A,B,B2,C,smoke", "--dry-run",
+    res = subprocess.run([sys.executable, "bench/gpu_campaign.py", "--phase", "A,A2,B,B2,C,smoke", "--dry-run",
                           "--work-dir", "/tmp/draftfit-campaign-test"], capture_output=True, text=True, cwd=ROOT,
                          check=True)
     lanes = [ln for ln in res.stdout.splitlines() if ln.strip()]
-    assert len(lanes) == 7
+    assert len(lanes) == 7 + 2
     # At most 8 files come back from $OUT: a phase writes one file per lane plus a summary.
     sys.path.insert(0, str(ROOT))
     from bench.gpu_campaign import phases

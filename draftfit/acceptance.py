@@ -56,6 +56,7 @@ class AcceptanceResult:
     tokens_per_s: float = 0.0
     wall_s: float = 0.0  # the whole measurement (engine start or model load + every temperature)
     source: str = ""  # "measured run <id> (vllm ...)" etc.
+    suspect: str | None = None  # why these numbers are known to be wrong (store status 'suspect'), else None
 
 
 def curve_for_k(per_position_accepted: list[int], num_drafts: int, k: int) -> KPoint:

@@ -141,33 +141,18 @@ class TrainingSet:
 
 def training_set(tables, *, overheads: dict | None = None) -> TrainingSet:
     """Samples from calibration tables: one per (table, K, batch) with a measured speedup."""
-    from draftfit.stepcost import gpu_spec, model_spec, prior_step_cost
+    from draftfit.stepcost import calibration_points
 
     ts = TrainingSet()
-    for t in tables:
-        if not t.provenance.get("synthetic", True):
-            continue  # real rejection of dummy-weight drafts: its acceptance is not the nominal one
-        try:
-            target, draft, gpu = model_spec(t.target), model_spec(t.draft), gpu_spec(t.gpu)
-        except DraftfitError:
-            continue
-        group = f"{t.target}+{t.draft}@{t.gpu}/tp{t.tp}"
-        for b in t.batches:
-            for k in t.ks:
-                measured = t.measured_speedup(k, b)
-                if not measured:
-                    continue
-                row = t.spec[str(k)][str(b)]
-                ctx = int(row.get("prompt_len", 64) + row.get("max_tokens", 96) / 2)
-                prior = prior_step_cost(target, draft, gpu, batch=b, k_values=[k], tp=t.tp, context_len=ctx,
-                                        overheads=overheads)
-                x = featurize(target=target, draft=draft, gpu=gpu, tp=t.tp, batch=b, k=k, acceptance=t.acceptance,
-                              prior=prior, context_len=ctx)
-                prior_speedup = x[FEATURES.index("curve_e_k")] * x[FEATURES.index("prior_ratio")]
-                ts.X.append(x)
-                ts.y.append(math.log(measured / prior_speedup))
-                ts.groups.append(group)
-                ts.rows.append({"group": group, "batch": b, "k": k, "measured": measured, "prior": prior_speedup})
+    for pt in calibration_points(tables, overheads=overheads):
+        x = featurize(target=pt.target, draft=pt.draft, gpu=pt.gpu, tp=pt.table.tp, batch=pt.batch, k=pt.k,
+                      acceptance=pt.table.acceptance, prior=pt.prior, context_len=pt.context_len)
+        prior_speedup = x[FEATURES.index("curve_e_k")] * x[FEATURES.index("prior_ratio")]
+        ts.X.append(x)
+        ts.y.append(math.log(pt.measured / prior_speedup))
+        ts.groups.append(pt.group)
+        ts.rows.append({"group": pt.group, "batch": pt.batch, "k": pt.k, "measured": pt.measured,
+                        "prior": prior_speedup})
     return ts
 
 

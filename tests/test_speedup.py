@@ -111,7 +111,7 @@ def test_k_schedule_is_valid_for_vllm():
 
 
 def _synthetic_table(tmp_path: Path, *, target="Llama-3.1-8B", draft="Llama-3.2-1B", gpu="H200", tp=1,
-                     distortion=lambda b, k: 1.0, ks=(1, 2, 4, 8), batches=(1, 8, 32, 128)):
+                     distortion=lambda b, k: 1.0, ks=(1, 2, 4, 8), batches=(1, 8, 32, 128), overheads=None):
     """A calibration table built from the roofline prior with a known distortion of the spec step."""
     from draftfit.calibrate import CalibrationTable, write_table
     from draftfit.stepcost import gpu_spec, model_spec, prior_step_cost
@@ -119,7 +119,7 @@ def _synthetic_table(tmp_path: Path, *, target="Llama-3.1-8B", draft="Llama-3.2-
     t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
     base, spec = {}, {}
     for b in batches:
-        p = prior_step_cost(t, d, g, batch=b, k_values=list(ks), tp=tp, context_len=112)
+        p = prior_step_cost(t, d, g, batch=b, k_values=list(ks), tp=tp, context_len=112, overheads=overheads)
         base[str(b)] = {"tpot_ms": p.base_step_ms, "step_ms": p.base_step_ms, "prompt_len": 64, "max_tokens": 96}
         for k in ks:
             e = expected_tokens_per_step(0.8, k)
@@ -258,3 +258,70 @@ def test_roofline_bytes_match_public_numbers():
     one = forward_ms(l8, h200, batch=1, tokens_per_seq=1, context_len=1024)
     assert forward_ms(l8, h200, batch=1, tokens_per_seq=5, context_len=1024) == pytest.approx(one, rel=0.02)
     assert forward_ms(l8, h200, batch=256, tokens_per_seq=5, context_len=1024) > 3 * one
+
+
+def test_fitted_overheads_recover_known_vllm_costs(tmp_path):
+    """Tables generated with known overheads (none of them the priors) give those overheads back, every term
+    identified: per step, per sequence, per draft layer, per sequence per draft pass, and the CUDA-graph miss."""
+    from draftfit.calibrate import load_tables
+    from draftfit.stepcost import PRIOR_OVERHEADS, fitted_overheads
+
+    truth = {"plain_ms": 0.9, "plain_seq_ms": 0.012, "spec_ms": 1.1, "spec_seq_ms": 0.05, "draft_layer_ms": 0.2,
+             "draft_seq_ms": 0.02, "eager_layer_ms": 0.3}
+    assert all(truth[k] != PRIOR_OVERHEADS[k] for k in truth)
+    for t, d in [("Llama-3.1-8B", "Llama-3.2-1B"), ("Qwen3-8B", "Qwen3-0.6B")]:
+        _synthetic_table(tmp_path, target=t, draft=d, overheads=truth)
+    fit = fitted_overheads(tables=load_tables(tmp_path))
+    for k, v in truth.items():
+        assert fit[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
+
+
+def test_verify_loses_cuda_graphs_above_capture_size():
+    from draftfit.stepcost import CUDAGRAPH_MAX_TOKENS, gpu_spec, graph_miss, model_spec, prior_step_cost
+
+    t, d, g = model_spec("Llama-3.1-8B"), model_spec("Llama-3.2-1B"), gpu_spec("H200")
+    assert CUDAGRAPH_MAX_TOKENS == 512 and not graph_miss(128, 3) and graph_miss(128, 4)
+    ov = {"eager_layer_ms": 0.5}
+    with_eager = prior_step_cost(t, d, g, batch=128, k_values=[3, 4], overheads=ov)
+    without = prior_step_cost(t, d, g, batch=128, k_values=[3, 4], overheads={"eager_layer_ms": 0.0})
+    assert with_eager.spec_step_ms[3] == pytest.approx(without.spec_step_ms[3])
+    # 128 x 5 = 640 tokens: the target's verify and the draft's first pass run eager, every layer pays.
+    assert with_eager.spec_step_ms[4] - without.spec_step_ms[4] == pytest.approx(0.5 * (t.num_layers + d.num_layers))
+
+
+def test_robust_tables_use_raw_repeats(tmp_path):
+    """Raw lane files beside the tables give each row its spread, and step costs by the chosen statistic."""
+    from draftfit.calibrate import load_tables
+    from draftfit.stepcost import robust_tables
+
+    _synthetic_table(tmp_path, ks=(4,), batches=(1, 8))
+    (tmp_path / "raw").mkdir()
+    lane = {"configs": [{"result": {"k": 4, "spec": {"target": "Llama-3.1-8B", "draft": "Llama-3.2-1B", "tp": 1},
+                                    "batches": {"1": {"t1_s": [0.02, 0.03, 0.02], "tM_s": [0.60, 0.45, 0.50],
+                                                      "max_tokens": 96}}}}]}
+    (tmp_path / "raw" / "A_gpu0.json").write_text(json.dumps(lane))
+    table = load_tables(tmp_path)[0]
+    steps = table.spec["4"]["1"]["steps"] = 29.0
+    fast = robust_tables([table], tmp_path, statistic="min")[0]
+    med = robust_tables([table], tmp_path, statistic="median")[0]
+    assert fast.spec["4"]["1"]["step_ms"] == pytest.approx(1000 * (0.45 - 0.02) / steps)
+    assert med.spec["4"]["1"]["step_ms"] == pytest.approx(1000 * (0.50 - 0.02) / steps)
+    assert fast.spec["4"]["1"]["repeat_spread"] == pytest.approx(0.60 / 0.45 - 1)
+    assert "repeat_spread" not in fast.spec["4"]["8"]  # no raw repeats: the table's row stands
+    assert table.spec["4"]["1"].get("repeat_spread") is None  # the input is not modified
+
+
+def test_one_loop_serves_training_and_the_benchmark(tmp_path):
+    """predictor.training_set and bench/speedup.py iterate the same calibration_points."""
+    from draftfit.calibrate import load_tables
+    from draftfit.predictor import training_set
+    from draftfit.stepcost import calibration_points
+
+    _synthetic_table(tmp_path)
+    tables = load_tables(tmp_path)
+    pts = list(calibration_points(tables))
+    ts = training_set(tables)
+    assert [(p.batch, p.k) for p in pts] == [(r["batch"], r["k"]) for r in ts.rows]
+    assert [p.measured for p in pts] == [r["measured"] for r in ts.rows]
+    src = (ROOT / "bench" / "speedup.py").read_text()
+    assert "calibration_points(" in src and "prior_step_cost(" not in src

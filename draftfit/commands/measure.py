@@ -137,10 +137,15 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
             output_tokens=per["output_tokens"], seconds=seconds,
             tokens_per_s=per["output_tokens"] / seconds if seconds else 0.0, wall_s=wall_s)
         extra = {"startup_s": raw.get("startup_s"), **(per.get("extra") or {}), "groups_match_counters": groups_match,
+                 **({"sampler_check": raw["sampler_check"]} if raw.get("sampler_check") else {}),
                  "per_request_metrics": bool(per.get("per_request")),
                  "wall_s": wall_s, "temperatures_in_run": temperatures}
-        run_id = store.record_run(RunRecord(**base, temperature=t, ended_at=now_iso(), extra=extra, **versions), res)
+        record = RunRecord(**base, temperature=t, ended_at=now_iso(), extra=extra, **versions)
+        run_id = store.record_run(record, res)  # may come back 'suspect' (store.suspect_reason)
         res.source = f"measured run {run_id} ({backend}, {store.path})"
+        if record.status == "suspect":
+            res.suspect = record.error
+            res.source = f"SUSPECT {res.source}"
         results.append(res)
     store.close()
     return results
@@ -191,9 +196,13 @@ def measure(target, draft, workload, temperature, k, num_prompts, max_tokens, ba
                        "num_accepted": r.num_accepted, "per_position_accepted": r.per_position_accepted},
             "curve": [{"k": p.k, "acceptance_rate": p.acceptance_rate,
                        "mean_acceptance_length": p.mean_acceptance_length} for p in r.curve],
-            "tokens_per_s": r.tokens_per_s, "seconds": r.seconds, "source": r.source} for r in results])
+            "tokens_per_s": r.tokens_per_s, "seconds": r.seconds, "source": r.source,
+            "suspect": r.suspect} for r in results])
         return
     con = console()
+    if any(r.suspect for r in results):  # one line, before any number that must not be trusted
+        con.print(f"[bold red]warning:[/] runs {', '.join(str(r.run_id) for r in results if r.suspect)} stored as "
+                  f"suspect, not used by rank — {next(r.suspect for r in results if r.suspect)}")
     for r in results:
         ci = (f"{r.ci_low:.3f}–{r.ci_high:.3f}" if r.ci_low is not None else "n/a (1 group)")
         con.print(f"[bold]{r.target}[/] ← draft [bold]{r.draft}[/]  {r.workload}  T={r.temperature}  "

@@ -42,7 +42,7 @@ models: full
 	$(BIN)/python -m draftfit.fixtures models
 
 test: full fixtures models
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=12
 
 bench: full fixtures
 	$(BIN)/python bench/cli_latency.py

@@ -138,3 +138,34 @@ def test_vocab_mismatch_is_refused_before_vllm_starts(tmp_path):
         (bad / f).write_bytes((model_dir(DRAFT) / f).read_bytes())
     with pytest.raises(DraftfitError):
         preflight_pair(str(model_dir(TARGET)), str(bad))
+
+
+@NEEDS_PAIR
+def test_measure_flags_an_unverified_hot_vllm_cpu_run_in_one_line(tmp_path, monkeypatch):
+    """If the expand-shim fix did not take (no sampler_check from the worker), the T>0 run is stored as
+    suspect and `draftfit measure` says why and what to use instead, before printing its numbers."""
+    import contextlib
+
+    from click.testing import CliRunner
+
+    import draftfit.heavy
+    import draftfit.measure_vllm as mv
+    from draftfit.cli import cli
+    from draftfit.store import MeasurementStore
+
+    def fake_run_vllm(req, progress=True, timeout_s=None):
+        per = {"num_drafts": 9, "num_draft_tokens": 18, "num_accepted": 0, "per_position_accepted": [0, 0]}
+        return {"vllm_version": "0.32.0", "startup_s": 1.0, "per_temperature": {
+            0.7: {"groups": [{**per, "prompts": [0]}], "counters": per, "output_tokens": 9, "seconds": 1.0}}}
+
+    monkeypatch.setattr(mv, "run_vllm", fake_run_vllm)
+    monkeypatch.setattr(draftfit.heavy, "heavy_lock", contextlib.nullcontext)
+    store = tmp_path / "m.sqlite"
+    out = CliRunner().invoke(cli, ["measure", TARGET, DRAFT, "--temperature", "0.7", "--k", "2", "--prompts", "1",
+                                   "--max-tokens", "8", "--store", str(store)])
+    assert out.exit_code == 0, out.output
+    warning = [ln for ln in out.output.splitlines() if "suspect" in ln]
+    assert warning and "55005" in out.output and "--backend hf" in out.output
+    with MeasurementStore(store) as s:
+        assert [r["status"] for r in s.runs()] == ["suspect"]
+        assert s.lookup_acceptance(TARGET, DRAFT, "code", 0.7, include_reference=False) is None

@@ -202,7 +202,7 @@ def measure(target, draft, workload, temperature, k, num_prompts, max_tokens, ba
     con = console()
     if any(r.suspect for r in results):  # one line, before any number that must not be trusted
         con.print(f"[bold red]warning:[/] runs {', '.join(str(r.run_id) for r in results if r.suspect)} stored as "
-                  f"suspect, not used by rank — {next(r.suspect for r in results if r.suspect)}")
+                  f"suspect, not used by rank — {next(r.suspect for r in results if r.suspect)}", soft_wrap=True)
     for r in results:
         ci = (f"{r.ci_low:.3f}–{r.ci_high:.3f}" if r.ci_low is not None else "n/a (1 group)")
         con.print(f"[bold]{r.target}[/] ← draft [bold]{r.draft}[/]  {r.workload}  T={r.temperature}  "

@@ -42,13 +42,7 @@ class LazyGroup(click.Group):
         import importlib
 
         module_name, attr = COMMANDS[name][0].split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                return _not_yet(name)
-            raise
-        return getattr(module, attr)
+        return getattr(importlib.import_module(module_name), attr)
 
     def format_commands(self, ctx, formatter):
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
@@ -61,15 +55,6 @@ class LazyGroup(click.Group):
         except DraftfitError as exc:
             click.echo(f"error: {exc.one_line()}", err=True)
             ctx.exit(exc.exit_code)
-
-
-def _not_yet(name: str) -> click.Command:
-    @click.command(name=name, context_settings={"ignore_unknown_options": True})
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def stub(args):
-        raise DraftfitError(f"`draftfit {name}` is not available in this build", fix="update draftfit")
-
-    return stub
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

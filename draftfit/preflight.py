@@ -48,15 +48,6 @@ class PreflightReport:
                 "checks": [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix} for c in self.checks]}
 
 
-def _stage(name: str):
-    import importlib
-
-    try:
-        return importlib.import_module(f"draftfit.{name}")
-    except ImportError:
-        return None
-
-
 def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None, tp: int = 1, k: int = 4,
               max_model_len: int | None = None, util: float = 0.9, batch: int = 1, workload: str = "chat",
               temperature: float = 0.0, vllm_version: str | None = None) -> PreflightReport:
@@ -88,32 +79,29 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
         add(Check("K", FAIL, f"K={k}", "pass --k 1..8"))
 
     # 2-3. tokenizer and vLLM's vocab rule
-    compat = _stage("compat")
-    if compat is None:
-        add(Check("tokenizer", WARN, "compat stage not in this build: tokenizer not checked", "update draftfit"))
-    else:
-        try:
-            local = bool(target.local_path or draft.local_path)
-            rep = compat.check_pair(target, draft, use_files=True) if local else compat.catalog_verdict(target, draft)
-        except DraftfitError as exc:
-            rep = None
-            add(Check("tokenizer", WARN, f"could not compare tokenizers: {exc.message}", exc.fix))
-        if rep is not None:
-            first = "; ".join(n for n in rep.notes[:3])
-            if rep.verdict == "identical":
-                add(Check("tokenizer", PASS, f"identical ({rep.source})"))
-            elif rep.verdict == "compatible":
-                add(Check("tokenizer", WARN, f"compatible, not identical ({rep.source}): {first}",
-                          rep.fix or "check BOS/EOS and chat template: the target's are used"))
-            else:
-                add(Check("tokenizer", FAIL, f"incompatible ({rep.source}): {first}",
-                          rep.fix or "pick a draft with the target's tokenizer"))
-            if rep.vllm_accepts:
-                add(Check("vLLM vocab rule", PASS, "vLLM accepts the pair (config vocab_size equal, or an EAGLE head)"))
-            else:
-                add(Check("vLLM vocab rule", FAIL,
-                          f"vLLM refuses the pair: vocab_size {target.vocab_size} vs {draft.vocab_size}",
-                          rep.fix or "pick a draft with the same vocab_size, or pad the draft's embeddings"))
+    from draftfit import compat
+    try:
+        local = bool(target.local_path or draft.local_path)
+        rep = compat.check_pair(target, draft, use_files=True) if local else compat.catalog_verdict(target, draft)
+    except DraftfitError as exc:
+        rep = None
+        add(Check("tokenizer", WARN, f"could not compare tokenizers: {exc.message}", exc.fix))
+    if rep is not None:
+        first = "; ".join(n for n in rep.notes[:3])
+        if rep.verdict == "identical":
+            add(Check("tokenizer", PASS, f"identical ({rep.source})"))
+        elif rep.verdict == "compatible":
+            add(Check("tokenizer", WARN, f"compatible, not identical ({rep.source}): {first}",
+                      rep.fix or "check BOS/EOS and chat template: the target's are used"))
+        else:
+            add(Check("tokenizer", FAIL, f"incompatible ({rep.source}): {first}",
+                      rep.fix or "pick a draft with the target's tokenizer"))
+        if rep.vllm_accepts:
+            add(Check("vLLM vocab rule", PASS, "vLLM accepts the pair (config vocab_size equal, or an EAGLE head)"))
+        else:
+            add(Check("vLLM vocab rule", FAIL,
+                      f"vLLM refuses the pair: vocab_size {target.vocab_size} vs {draft.vocab_size}",
+                      rep.fix or "pick a draft with the same vocab_size, or pad the draft's embeddings"))
 
     # 4-5. tensor parallelism
     bad = [f"{role} {s.name} ({s.num_attention_heads} heads)" for role, s in (("target", target), ("draft", draft))
@@ -135,12 +123,11 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
             add(Check("draft TP", PASS, "TP=1: the draft runs on the target's GPU"))
 
     # 6. memory
-    memory = _stage("memory")
+    from draftfit import memory
+
     if gpu is None:
         if gpu_name is None:
             add(Check("memory", WARN, "no --gpu: memory fit not checked", "pass --gpu, e.g. --gpu H100-80GB"))
-    elif memory is None:
-        add(Check("memory", WARN, "memory stage not in this build: fit not checked", "update draftfit"))
     else:
         try:
             plan = memory.plan_memory(target, draft, gpu, tp=tp, util=util, max_model_len=max_model_len,
@@ -171,11 +158,10 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
         add(Check("max_model_len", PASS, f"{mml} within both models' max_position_embeddings"))
 
     # 8. predicted speedup
-    speedup = _stage("speedup")
+    from draftfit import speedup
+
     if gpu is None:
         add(Check("predicted speedup", WARN, "no GPU given: speedup not predicted", "pass --gpu"))
-    elif speedup is None:
-        add(Check("predicted speedup", WARN, "speedup stage not in this build: not predicted", "update draftfit"))
     else:
         from draftfit.priors import prior_acceptance
         from draftfit.rank import _per_batch

@@ -87,7 +87,6 @@ class RankResult:
     serve_command: str | None
     winner: str | None
     notes: list[str] = field(default_factory=list)
-    stages_missing: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
     def to_json(self) -> dict:
@@ -96,7 +95,7 @@ class RankResult:
             "tp_note": self.tp_note, "gpu_note": self.gpu_note, "workload": self.workload,
             "temperature": self.temperature, "batches": list(self.batches),
             "candidates": [c.to_json() for c in self.candidates], "winner": self.winner,
-            "serve_command": self.serve_command, "notes": self.notes, "stages_missing": self.stages_missing,
+            "serve_command": self.serve_command, "notes": self.notes,
         }
 
 
@@ -108,25 +107,10 @@ def _get(obj, name, default=None):
     return getattr(obj, name, default)
 
 
-def _stage(name: str):
-    """The stage module, or None when this build does not have it yet."""
-    import importlib
-
-    try:
-        return importlib.import_module(f"draftfit.{name}")
-    except ImportError:
-        return None
-
-
-def choose_tp(target: ModelSpec, gpu: GpuSpec, memory_mod, util: float, max_model_len: int | None) -> tuple[int, str]:
+def choose_tp(target: ModelSpec, gpu: GpuSpec, util: float, max_model_len: int | None) -> tuple[int, str]:
     """Smallest TP (dividing the attention heads) at which the target alone fits."""
-    if memory_mod is None:
-        # Weights alone (bf16) with ~25% for KV and activations, as a stand-in for the planner.
-        need = target.params_b * 2 * 1e9 / 1024**3 * 1.25
-        for tp in TP_CHOICES:
-            if target.num_attention_heads % tp == 0 and need / tp < gpu.memory_gib * util:
-                return tp, f"TP={tp}: smallest that fits the target's weights (memory planner not available)"
-        return TP_CHOICES[-1], f"TP={TP_CHOICES[-1]}: the target does not fit even at TP=8"
+    from draftfit import memory as memory_mod
+
     last_reason = ""
     for tp in TP_CHOICES:
         if target.num_attention_heads % tp:
@@ -211,13 +195,10 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
         gpu_note = f"GPU not given: assuming {DEFAULT_GPU} (pass --gpu)"
     gpu = resolve_gpu(gpu_name)
 
-    compat_mod, memory_mod, speedup_mod = _stage("compat"), _stage("memory"), _stage("speedup")
-    from draftfit import priors
-
-    missing = [n for n, m in (("compat", compat_mod), ("memory", memory_mod), ("speedup", speedup_mod)) if m is None]
+    from draftfit import compat as compat_mod, memory as memory_mod, priors, speedup as speedup_mod
 
     if tp is None:
-        tp, tp_note = choose_tp(target, gpu, memory_mod, util, max_model_len)
+        tp, tp_note = choose_tp(target, gpu, util, max_model_len)
     else:
         if tp < 1:
             raise DraftfitError(f"--tp must be >= 1 (got {tp})", fix="pass --tp 1, 2, 4 or 8")
@@ -234,36 +215,32 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
             drafts.append(spec)
             seen.add(spec.name)
 
-    kv_alone = None
-    if memory_mod is not None:
-        try:
-            kv_alone = _get(memory_mod.plan_memory(target, None, gpu, tp=tp, util=util, max_model_len=max_model_len),
-                            "kv_tokens")
-        except DraftfitError:
-            kv_alone = None
+    try:
+        kv_alone = _get(memory_mod.plan_memory(target, None, gpu, tp=tp, util=util, max_model_len=max_model_len),
+                        "kv_tokens")
+    except DraftfitError:
+        kv_alone = None
 
     cands: list[Candidate] = []
     for d in drafts:
         c = Candidate(draft=d.name, hub_id=d.hub_id or d.local_path, method=d.method, params_b=d.params_b,
                       verdict="n/a", vllm_accepts=None)
         # compat
-        if compat_mod is not None:
-            rep = compat_mod.catalog_verdict(target, d)
-            c.verdict, c.vllm_accepts = rep.verdict, rep.vllm_accepts
-            c.compat_source, c.compat_notes, c.compat_fix = rep.source, list(rep.notes), rep.fix
+        rep = compat_mod.catalog_verdict(target, d)
+        c.verdict, c.vllm_accepts = rep.verdict, rep.vllm_accepts
+        c.compat_source, c.compat_notes, c.compat_fix = rep.source, list(rep.notes), rep.fix
         # memory
-        if memory_mod is not None:
-            try:
-                plan = memory_mod.plan_memory(target, d, gpu, tp=tp, util=util, max_model_len=max_model_len,
-                                              num_speculative_tokens=PLAN_K)
-                c.fits, c.kv_tokens = bool(plan.fits), _get(plan, "kv_tokens")
-                c.draft_pool_share = _get(plan, "draft_pool_share")
-                c.draft_weights_gib = _get(plan, "draft_weights_gib")
-                c.headroom_gib = _get(plan, "headroom_gib")
-                c.memory_reason, c.memory_fix = _get(plan, "reason", "") or "", _get(plan, "fix")
-            except DraftfitError as exc:
-                c.fits, c.memory_reason = False, exc.message
-                c.memory_fix = exc.fix
+        try:
+            plan = memory_mod.plan_memory(target, d, gpu, tp=tp, util=util, max_model_len=max_model_len,
+                                          num_speculative_tokens=PLAN_K)
+            c.fits, c.kv_tokens = bool(plan.fits), _get(plan, "kv_tokens")
+            c.draft_pool_share = _get(plan, "draft_pool_share")
+            c.draft_weights_gib = _get(plan, "draft_weights_gib")
+            c.headroom_gib = _get(plan, "headroom_gib")
+            c.memory_reason, c.memory_fix = _get(plan, "reason", "") or "", _get(plan, "fix")
+        except DraftfitError as exc:
+            c.fits, c.memory_reason = False, exc.message
+            c.memory_fix = exc.fix
         c.kv_tokens_without_draft = kv_alone
         # acceptance
         est = priors.prior_acceptance(target, d, workload, temperature)
@@ -274,13 +251,11 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
         sp_verdict = None
         c.speedup = {b: None for b in batches}
         c.speedup_low, c.speedup_high = dict(c.speedup), dict(c.speedup)
-        if speedup_mod is not None and not incompatible:
-            sp_verdict = _fill_speedup(c, speedup_mod, target, d, gpu, tp, est, batches)
-        elif incompatible:
+        if incompatible:
             c.speedup_source = "not computed: tokenizer incompatible"
         else:
-            c.speedup_source = "n/a (speedup model not in this build)"
-        _decide(c, batches, sp_verdict, speedup_mod is not None)
+            sp_verdict = _fill_speedup(c, speedup_mod, target, d, gpu, tp, est, batches)
+        _decide(c, batches, sp_verdict)
         cands.append(c)
 
     def key(c: Candidate):
@@ -290,11 +265,6 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
     cands.sort(key=key)
     winner = next((c for c in cands if c.group == 0 and c.decision == "speculate"), None)
     notes: list[str] = []
-    if speedup_mod is None:
-        winner = next((c for c in cands if c.group == 0), None)
-        if winner is not None:
-            notes.append(f"speedup model not available: the winner is the most accepted compatible draft, K={PLAN_K} "
-                         "assumed")
     serve = None
     if winner is not None:
         from draftfit.launch import serve_command
@@ -310,11 +280,11 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
         cands = cands[:top]
     return RankResult(target=target, gpu=gpu, tp=tp, tp_note=tp_note, gpu_note=gpu_note, workload=workload,
                       temperature=temperature, batches=batches, candidates=cands, serve_command=serve,
-                      winner=winner.draft if winner else None, notes=notes, stages_missing=missing,
+                      winner=winner.draft if winner else None, notes=notes,
                       elapsed_s=round(time.perf_counter() - t0, 3))
 
 
-def _decide(c: Candidate, batches, sp_verdict, have_speedup: bool) -> None:
+def _decide(c: Candidate, batches, sp_verdict) -> None:
     if c.verdict == "incompatible" or c.relation == "incompatible":
         c.group, c.decision = 2, "incompatible"
         c.reason = c.compat_fix or (c.compat_notes[0] if c.compat_notes else "different tokenizer")
@@ -326,10 +296,6 @@ def _decide(c: Candidate, batches, sp_verdict, have_speedup: bool) -> None:
     if c.fits is False:
         c.group, c.decision = 1, "does not fit"
         c.reason = (c.memory_reason or "target + draft do not fit") + (f"; fix: {c.memory_fix}" if c.memory_fix else "")
-        return
-    if not have_speedup:
-        c.group, c.decision = 0, "n/a"
-        c.reason = f"acceptance {c.acceptance:.2f} ({c.relation}); speedup model not available"
         return
     s = c.speedup.get(batches[0])
     if s is None:

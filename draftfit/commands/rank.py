@@ -97,8 +97,6 @@ def _print_table(result) -> None:
         con.print(f"[{i}] {', '.join(names)}: {reason}", highlight=False, markup=False)
     for line in filter(None, [result.gpu_note, result.tp_note]):
         con.print(f"[dim]{line}[/dim]", highlight=False)
-    if result.stages_missing:
-        con.print(f"[yellow]not in this build yet: {', '.join(result.stages_missing)} (shown as n/a)[/yellow]")
     cites = sorted({(c.acceptance_source, c.acceptance_citation) for c in result.candidates
                     if c.acceptance_source.startswith("prior") and c.acceptance_citation and c.group == 0})
     for src, cit in cites:

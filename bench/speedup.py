@@ -132,7 +132,7 @@ def render(result: dict, summary: dict, alt: dict | None = None) -> str:
     """Markdown for the README; `alt`: the summary of the same evaluation with another statistic."""
     if not result["cases"]:
         return ("No calibration data yet: no usable GPU step-cost table in `data/calibration/*.json`. Run the GPU campaign "
-                "(docs/GPU_CAMPAIGN_READY.md), then `draftfit calibrate --ingest ...` and this script.")
+                "(docs/GPU_CAMPAIGN.md), then `draftfit calibrate --ingest ...` and this script.")
     s = summary
     goal_err = s["mape_draftfit"] <= 0.15 and s["within15_draftfit"] >= 0.8
     goal_k = s["n_multi"] and s["bestk_multi"] / s["n_multi"] >= 0.8

@@ -158,33 +158,24 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
         add(Check("max_model_len", PASS, f"{mml} within both models' max_position_embeddings"))
 
     # 8. predicted speedup
-    from draftfit import speedup
-
     if gpu is None:
         add(Check("predicted speedup", WARN, "no GPU given: speedup not predicted", "pass --gpu"))
     else:
         from draftfit.priors import prior_acceptance
-        from draftfit.rank import _per_batch
+        from draftfit.rank import predict_pair_speedup
 
         try:
             est = prior_acceptance(target, draft, workload, temperature)
-            pred = speedup.predict_speedup(target, draft, gpu, tp=tp, acceptance=est.per_position or est.alpha,
-                                           batches=(batch,), k_values=range(1, 9))
-            row = _per_batch(pred, batch)
-            per_k = getattr(row, "per_k", None) if not isinstance(row, dict) else row.get("per_k")
-            at_k = per_k.get(k) if isinstance(per_k, dict) else None
-            s = at_k if isinstance(at_k, (int, float)) else (at_k.get("speedup") if isinstance(at_k, dict) else
-                                                               getattr(at_k, "speedup", None))
-            best_k = row.get("best_k") if isinstance(row, dict) else getattr(row, "best_k", None)
-            best_s = row.get("speedup") if isinstance(row, dict) else getattr(row, "speedup", None)
-            if s is None:
+            pred = predict_pair_speedup(target, draft, gpu, tp=tp, est=est, batches=(batch,))
+            row = pred.batches[batch]
+            best_k, best_s = row.best_k, row.speedup
+            at_k = row.per_k.get(k)
+            if at_k is None:
                 s, note_k = best_s, f"best K={best_k}"
             else:
-                note_k = f"K={k} (best K={best_k}: {best_s:.2f}x)" if best_s is not None else f"K={k}"
-            src = f"acceptance {est.alpha:.2f} ({est.source}), step costs {getattr(pred, 'source', '?')}"
-            if s is None:
-                add(Check("predicted speedup", WARN, "no prediction", None))
-            elif s >= MIN_SPEEDUP:
+                s, note_k = at_k["speedup"], f"K={k} (best K={best_k}: {best_s:.2f}x)"
+            src = f"acceptance {est.alpha:.2f} ({est.source}), step costs {pred.source}"
+            if s >= MIN_SPEEDUP:
                 add(Check("predicted speedup", PASS, f"{s:.2f}x at batch {batch}, {note_k}; {src}"))
             else:
                 add(Check("predicted speedup", WARN, f"only {s:.2f}x at batch {batch}, {note_k}; {src}",

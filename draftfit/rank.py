@@ -99,14 +99,6 @@ class RankResult:
         }
 
 
-def _get(obj, name, default=None):
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
 def choose_tp(target: ModelSpec, gpu: GpuSpec, util: float, max_model_len: int | None) -> tuple[int, str]:
     """Smallest TP (dividing the attention heads) at which the target alone fits."""
     from draftfit import memory as memory_mod
@@ -120,57 +112,43 @@ def choose_tp(target: ModelSpec, gpu: GpuSpec, util: float, max_model_len: int |
         except DraftfitError as exc:
             last_reason = f"TP={tp}: {exc.message}"
             continue
-        if _get(plan, "fits"):
+        if plan.fits:
             note = f"TP={tp}: the smallest tensor-parallel size at which {target.name} fits on {gpu.name}"
             if last_reason:
                 note += f" ({last_reason})"
             return tp, note + "; pass --tp to choose"
-        last_reason = f"TP={tp}: {_get(plan, 'reason', 'does not fit')}"
+        last_reason = f"TP={tp}: {plan.reason or 'does not fit'}"
     return TP_CHOICES[-1], f"TP={TP_CHOICES[-1]}: {target.name} does not fit on {gpu.name} even at TP=8 ({last_reason})"
 
 
-def _speedup_for(speedup_mod, target, draft, gpu, tp, acceptance, batches):
-    return speedup_mod.predict_speedup(target, draft, gpu, tp=tp, acceptance=acceptance, batches=tuple(batches),
-                                       k_values=range(1, 9))
+def predict_pair_speedup(target: ModelSpec, draft: ModelSpec, gpu: GpuSpec, *, tp: int, est, batches):
+    """Speedup prediction for K = 1..8 from an acceptance estimate (measured or prior). The estimate object
+    carries its band, which speedup.py turns into each prediction's low/high with the step-cost uncertainty.
+    rank, preflight and serve-cmd all predict through here."""
+    from draftfit import speedup
+
+    return speedup.predict_speedup(target, draft, gpu, tp=tp, acceptance=est, batches=tuple(batches),
+                                   k_values=range(1, 9))
 
 
-def _per_batch(pred, batch: int):
-    """The per-batch entry of a SpeedupPrediction, whatever container speedup.py uses."""
-    for name in ("per_batch", "batches", "by_batch", "results"):
-        cont = _get(pred, name)
-        if isinstance(cont, dict):
-            return cont.get(batch, cont.get(str(batch)))
-        if isinstance(cont, (list, tuple)):
-            for item in cont:
-                if _get(item, "batch") == batch or _get(item, "batch_size") == batch:
-                    return item
-    return None
-
-
-def _fill_speedup(c: Candidate, speedup_mod, target, draft, gpu, tp, est, batches):
-    """Speedup per batch at the best K. The estimate object carries its band, which speedup.py turns into
-    the low/high of each prediction together with the step-cost uncertainty."""
-    pred = _speedup_for(speedup_mod, target, draft, gpu, tp, est, batches)
-    c.speedup_source = str(_get(pred, "source", "") or "")
+def _fill_speedup(c: Candidate, target, draft, gpu, tp, est, batches):
+    """Speedup per batch at the best K."""
+    pred = predict_pair_speedup(target, draft, gpu, tp=tp, est=est, batches=batches)
+    c.speedup_source = pred.source
     for b in batches:
-        row = _per_batch(pred, b)
-        per_k = _get(row, "per_k") or {}
-        if per_k:
-            # Report the best K's number even when it does not pay (speedup.py then says best_k=0).
-            k_best = max(per_k, key=lambda k: _get(per_k[k], "speedup", 0.0))
-            best = per_k[k_best]
-            s, lo, hi = _get(best, "speedup"), _get(best, "low"), _get(best, "high")
-        else:
-            k_best, s, lo, hi = _get(row, "best_k"), _get(row, "speedup"), _get(row, "low"), _get(row, "high")
-        c.speedup[b] = None if s is None else round(float(s), 3)
-        c.speedup_low[b] = None if lo is None else round(float(min(lo, s)), 3)
-        c.speedup_high[b] = None if hi is None else round(float(max(hi, s)), 3)
-        c.best_k_by_batch[b] = int(k_best) if k_best is not None else None
+        per_k = pred.batches[b].per_k
+        # Report the best K's number even when it does not pay (speedup.py then says best_k=0).
+        k_best = max(per_k, key=lambda k: per_k[k]["speedup"])
+        s, lo, hi = per_k[k_best]["speedup"], per_k[k_best]["low"], per_k[k_best]["high"]
+        c.speedup[b] = round(float(s), 3)
+        c.speedup_low[b] = round(float(min(lo, s)), 3)
+        c.speedup_high[b] = round(float(max(hi, s)), 3)
+        c.best_k_by_batch[b] = int(k_best)
         if b == batches[0]:
-            c.per_k = {int(k): ({kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
-                                if isinstance(v, dict) else {"speedup": v}) for k, v in per_k.items()}
+            c.per_k = {int(k): {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+                       for k, v in per_k.items()}
     c.best_k = c.best_k_by_batch.get(batches[0])
-    return _get(pred, "verdict")
+    return pred.verdict
 
 
 def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None, workload: str = "chat",
@@ -195,7 +173,7 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
         gpu_note = f"GPU not given: assuming {DEFAULT_GPU} (pass --gpu)"
     gpu = resolve_gpu(gpu_name)
 
-    from draftfit import compat as compat_mod, memory as memory_mod, priors, speedup as speedup_mod
+    from draftfit import compat as compat_mod, memory as memory_mod, priors
 
     if tp is None:
         tp, tp_note = choose_tp(target, gpu, util, max_model_len)
@@ -216,8 +194,7 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
             seen.add(spec.name)
 
     try:
-        kv_alone = _get(memory_mod.plan_memory(target, None, gpu, tp=tp, util=util, max_model_len=max_model_len),
-                        "kv_tokens")
+        kv_alone = memory_mod.plan_memory(target, None, gpu, tp=tp, util=util, max_model_len=max_model_len).kv_tokens
     except DraftfitError:
         kv_alone = None
 
@@ -233,11 +210,10 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
         try:
             plan = memory_mod.plan_memory(target, d, gpu, tp=tp, util=util, max_model_len=max_model_len,
                                           num_speculative_tokens=PLAN_K)
-            c.fits, c.kv_tokens = bool(plan.fits), _get(plan, "kv_tokens")
-            c.draft_pool_share = _get(plan, "draft_pool_share")
-            c.draft_weights_gib = _get(plan, "draft_weights_gib")
-            c.headroom_gib = _get(plan, "headroom_gib")
-            c.memory_reason, c.memory_fix = _get(plan, "reason", "") or "", _get(plan, "fix")
+            c.fits, c.kv_tokens = bool(plan.fits), plan.kv_tokens
+            c.draft_pool_share, c.draft_weights_gib = plan.draft_pool_share, plan.draft_weights_gib
+            c.headroom_gib = plan.headroom_gib
+            c.memory_reason, c.memory_fix = plan.reason or "", plan.fix
         except DraftfitError as exc:
             c.fits, c.memory_reason = False, exc.message
             c.memory_fix = exc.fix
@@ -254,7 +230,7 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
         if incompatible:
             c.speedup_source = "not computed: tokenizer incompatible"
         else:
-            sp_verdict = _fill_speedup(c, speedup_mod, target, d, gpu, tp, est, batches)
+            sp_verdict = _fill_speedup(c, target, d, gpu, tp, est, batches)
         _decide(c, batches, sp_verdict)
         cands.append(c)
 

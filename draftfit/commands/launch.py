@@ -37,16 +37,13 @@ def _pick_k(target, draft, gpu, tp, workload) -> tuple[int, str]:
     try:
         from draftfit.catalog import resolve_gpu
         from draftfit.priors import prior_acceptance
-        from draftfit.rank import _per_batch
-        from draftfit import speedup
+        from draftfit.rank import predict_pair_speedup
 
         est = prior_acceptance(target, draft, workload, 0.0)
-        pred = speedup.predict_speedup(target, draft, resolve_gpu(gpu), tp=tp,
-                                       acceptance=est.per_position or est.alpha, batches=(1,), k_values=range(1, 9))
-        row = _per_batch(pred, 1)
-        k = row.get("best_k") if isinstance(row, dict) else getattr(row, "best_k", None)
+        pred = predict_pair_speedup(target, draft, resolve_gpu(gpu), tp=tp, est=est, batches=(1,))
+        k = pred.batches[1].best_k
         if k:
-            return int(k), f"K={k}: best predicted at batch 1 on {gpu} ({getattr(pred, 'source', '')})"
+            return int(k), f"K={k}: best predicted at batch 1 on {gpu} ({pred.source})"
     except ImportError:
         pass
     return 4, "K=4 (default; speedup model not available)"

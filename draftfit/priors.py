@@ -260,21 +260,15 @@ def _iter_store_results():
     return out
 
 
-def _get(obj, name, default=None):
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
 def measured_alpha(result) -> float | None:
     """Per-token alpha of a stored AcceptanceResult (per-position counts preferred, else mean length)."""
-    pp = _get(result, "per_position")
+    pp = result.per_position
     if pp:
         return alpha_from_per_position([float(x) for x in pp])
-    tau, k = _get(result, "mean_acceptance_length"), _get(result, "k")
+    tau, k = result.mean_acceptance_length, result.k
     if tau and k:
         return alpha_from_tau(float(tau), int(k))
-    rate = _get(result, "acceptance_rate")
+    rate = result.acceptance_rate
     if rate is not None and k:
         return alpha_from_rate(float(rate), int(k))
     return None
@@ -285,7 +279,7 @@ def stored_points() -> list[DataPoint]:
     out = []
     for r in _iter_store_results():
         alpha = measured_alpha(r)
-        tname, dname = _get(r, "target") or _get(r, "target_name"), _get(r, "draft") or _get(r, "draft_name")
+        tname, dname = r.target, r.draft
         if alpha is None or not tname or not dname:
             continue
         try:
@@ -295,13 +289,13 @@ def stored_points() -> list[DataPoint]:
             rel, ratio = relation_of(t, d), math.log(t.params_b / d.params_b) if d.params_b else 0.0
         except Exception:
             continue
-        origin = _get(r, "source", "") or f"run {_get(r, 'run_id', '?')}"
+        origin = r.source or f"run {r.run_id if r.run_id is not None else '?'}"
         out.append(DataPoint(id=f"measured:{origin}", source="measured", target=t.name,
-                             draft=d.name, relation=rel, workload=str(_get(r, "workload", "code")),
-                             temperature=float(_get(r, "temperature", 0.0) or 0.0), alpha=alpha,
-                             log_size_ratio=ratio, reported=(f"{_get(r, 'backend', '?')}: K={_get(r, 'k', '?')}, "
-                                                             f"{_get(r, 'num_drafts', '?')} drafts, draft acceptance "
-                                                             f"rate {float(_get(r, 'acceptance_rate', 0) or 0):.3f}"),
+                             draft=d.name, relation=rel, workload=str(r.workload or "code"),
+                             temperature=float(r.temperature or 0.0), alpha=alpha,
+                             log_size_ratio=ratio, reported=(f"{r.backend}: K={r.k}, "
+                                                             f"{r.num_drafts} drafts, draft acceptance "
+                                                             f"rate {float(r.acceptance_rate or 0):.3f}"),
                              url="draftfit store"))
     return out
 
@@ -465,21 +459,21 @@ def prior_acceptance(target, draft, workload: str = "chat", temperature: float =
         result = _lookup_measured(target, draft, workload, temperature)
         alpha = measured_alpha(result) if result is not None else None
         if alpha is not None:
-            k = int(_get(result, "k", 0) or 0)
-            pp = [float(x) for x in (_get(result, "per_position") or [])]
-            lo_r, hi_r = _get(result, "ci_low"), _get(result, "ci_high")
-            rate = _get(result, "acceptance_rate")
+            k = int(result.k or 0)
+            pp = [float(x) for x in (result.per_position or [])]
+            lo_r, hi_r = result.ci_low, result.ci_high
+            rate = result.acceptance_rate
             # The store's CI is on the draft acceptance rate at K; carry it over to alpha.
             if lo_r is not None and hi_r is not None and k:
                 low, high = alpha_from_rate(float(lo_r), k), alpha_from_rate(float(hi_r), k)
             else:
                 low, high = max(alpha - 0.05, 0.0), min(alpha + 0.05, 1.0)
             # A run in the user's store has an id; a shipped reference run is named by its file.
-            rid = _get(result, "run_id")
-            origin = str(_get(result, "source", "") or "")
+            rid = result.run_id
+            origin = str(result.source or "")
             run_id = str(rid) if rid is not None else (origin.split("reference run ")[-1] or "reference")
-            notes = [f"measured at K={k}, T={_get(result, 'temperature', temperature)}, "
-                     f"workload {_get(result, 'workload', workload)}, backend {_get(result, 'backend', '?')}"]
+            notes = [f"measured at K={k}, T={result.temperature}, "
+                     f"workload {result.workload}, backend {result.backend}"]
             if rate is not None:
                 notes.append(f"draft acceptance rate at K={k}: {float(rate):.3f}")
             per_pos = pp + per_position_from_alpha(alpha, K_MAX)[len(pp):] if pp else per_position_from_alpha(alpha)

@@ -106,6 +106,8 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # What phase A's 540 s left out (startup 25-90 s per engine): no baseline, the remaining K.
         "A2": [("gpu0", "0", 60, [engine(l8, l1, k) for k in (3, 6)]),
                ("gpu1", "1", 60, [engine(q8, q06, k) for k in (1, 3, 6)])],
+        # Repeatability: two Llama K engines again, in a new process each, to tell noise from structure.
+        "R": [("gpu0", "0", 60, [engine(l8, l1, k) for k in (4, 8)])],
         "A-llama": [("gpu0", "0", 90, pair_lane(l8, l1, ks))],
         "A-qwen": [("gpu0", "0", 90, pair_lane(q8, q06, ks))],
         "B": [("tp2", "0,1", 150, [engine(l70, None, 0, 2, **big), engine(l70, l1, 4, 2, **big),

@@ -38,8 +38,8 @@ GPU records by the lead from GPU runs). Required unless marked optional:
 
 A GPU record can be made from a saved log with:
     .venv/bin/python -m draftfit.memory --parse-log engine.log   # -> the "log" object
-GPU records from the campaign files (data/calibration/raw/*.json, one record per engine start) with:
-    .venv/bin/python bench/memory.py --ingest data/calibration/raw/*.json
+GPU records from the campaign files (data/calibration/raw/<date>/*.json, one record per engine start) with:
+    .venv/bin/python bench/memory.py --ingest data/calibration/raw/2026-11-30/*.json
 Those add "vllm_scheduler" ({max_num_batched_tokens, max_num_seqs} the engine actually ran with, from its
 log and vllm_config; the two top-level fields stay null where the engine used vLLM's defaults) and
 "raw_source" (file and engine id).
@@ -119,7 +119,10 @@ def ingest(paths: list[str]) -> list[Path]:
     for raw in paths:
         doc = json.loads(Path(raw).read_text())
         for entry in doc.get("configs", []):
-            rec = record_from_engine(entry, Path(raw).name)
+            # The campaign folder's dated subfolder stays in the reference (raw/<date>/<lane>.json).
+            rel = Path(raw).resolve()
+            raw_name = "/".join(rel.parts[-2:]) if rel.parent.name != "raw" else rel.name
+            rec = record_from_engine(entry, raw_name)
             if rec is None:
                 continue
             out = RECORDS / f"{rec['case']}.json"

@@ -196,12 +196,79 @@ class CalibrationTable:
         return sorted(int(b) for b in self.baseline)
 
     def measured_speedup(self, k: int, batch: int) -> float | None:
-        """TPOT speedup measured at the table's synthetic acceptance (None when not measured)."""
+        """TPOT ratio of the offline run (all requests start and end together, the drain included) at
+        the table's synthetic acceptance; None when not measured. See steady_speedup for serving."""
         base = self.baseline.get(str(batch), {}).get("tpot_ms")
         row = self.spec.get(str(k), {}).get(str(batch), {})
         if not base or not row.get("tpot_ms"):
             return None
         return base / row["tpot_ms"]
+
+    def steady_step_ms(self, k: int, batch: int) -> float | None:
+        """Speculative step cost at a full batch of `batch` requests: the measured run with its drain
+        taken out (draftfit.drain). Batch 1 has no drain; larger batches use the K's step costs at the
+        next smaller measured batch for the share of the step that does not scale with requests."""
+        return self._steady().get((int(k), int(batch)))
+
+    def steady_speedup(self, k: int, batch: int) -> float | None:
+        """TPOT speedup under steady load (continuous batching keeps `batch` requests running):
+        plain step / (steady speculative step / tokens per step per request, as counted)."""
+        base = self.baseline.get(str(batch), {}).get("step_ms")
+        row = self.spec.get(str(k), {}).get(str(batch), {})
+        step = self.steady_step_ms(k, batch)
+        if not base or not step or not row.get("steps"):
+            return None
+        tokens_per_step = (row.get("max_tokens", 96) - 1) / row["steps"]
+        return base * tokens_per_step / step
+
+    def spec_step_ms(self, k: int, batch: int) -> float | None:
+        """The speculative step cost draftfit uses: steady state where the row has its counters, else the
+        row's measured step (tables written without step counts)."""
+        steady = self.steady_step_ms(k, batch)
+        return steady if steady is not None else self.spec.get(str(k), {}).get(str(batch), {}).get("step_ms")
+
+    def speedup(self, k: int, batch: int) -> float | None:
+        """The measured speedup draftfit predicts and is scored against: steady state where the row has
+        its counters, else the offline TPOT ratio."""
+        steady = self.steady_speedup(k, batch)
+        return steady if steady is not None else self.measured_speedup(k, batch)
+
+    def drain_ratio(self, k: int, batch: int) -> float | None:
+        """Offline decode time over steady-state decode time of the same tokens (>= 1)."""
+        row = self.spec.get(str(k), {}).get(str(batch), {})
+        step = self.steady_step_ms(k, batch)
+        if not step or not row.get("steps") or not row.get("step_ms"):
+            return None
+        return row["step_ms"] / step
+
+    def _steady(self) -> dict:
+        cache = self.__dict__.get("_steady_cache")
+        if cache is None:
+            cache = self.__dict__["_steady_cache"] = _steady_steps(self)
+        return cache
+
+
+def _steady_steps(table: CalibrationTable) -> dict:
+    """{(K, batch): steady-state step ms} for every spec row with its counters (see drain.py)."""
+    from draftfit.drain import batch_share, drain, steady_step_ms
+
+    out = {}
+    for k_str, rows in table.spec.items():
+        k = int(k_str)
+        prev = None  # (batch, steady ms) of the next smaller measured batch
+        for b in sorted(int(x) for x in rows):
+            row = rows[str(b)]
+            if not row.get("step_ms") or not row.get("steps"):
+                continue
+            decode_ms = row["step_ms"] * row["steps"]
+            d = drain(table.acceptance, k, int(row.get("max_tokens", 96)) - 1, b)
+            step = decode_ms / row["steps"]
+            for _ in range(4):  # phi depends on the answer; a fixed point in a few rounds
+                phi = batch_share(prev[1], step, prev[0], b) if prev else 1.0
+                step = steady_step_ms(decode_ms, row["steps"], d, phi)
+            out[(k, b)] = step
+            prev = (b, step)
+    return out
 
 
 def gpu_key(gpu_name: str) -> str:
@@ -248,7 +315,32 @@ def _row_from_result(batch_row: dict) -> dict | None:
         return None
     keep = ("tpot_ms", "step_ms", "steps", "mean_acceptance_length", "decode_s", "max_tokens", "prompt_len",
             "num_drafts", "num_accepted")
-    return {k: batch_row[k] for k in keep if batch_row.get(k) is not None}
+    row = {k: batch_row[k] for k in keep if batch_row.get(k) is not None}
+    t_m = batch_row.get("tM_s") or []
+    if len(t_m) > 1 and min(t_m) > 0:
+        row["repeat_spread"] = max(t_m) / min(t_m) - 1  # slowest / fastest timed generation
+    row["repeats"] = len(t_m)
+    return row
+
+
+_POOLED = ("tpot_ms", "step_ms", "steps", "decode_s", "mean_acceptance_length", "num_drafts", "num_accepted")
+
+
+def _pool_rows(rows: list[dict]) -> dict:
+    """One row from the same configuration measured by several engine starts: the mean of each engine's
+    medians, and engine_spread = slowest / fastest engine TPOT - 1 (what a restart alone changes)."""
+    if len(rows) == 1:
+        return rows[0]
+    out = dict(rows[-1])
+    for key in _POOLED:
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        if vals:
+            out[key] = sum(vals) / len(vals)
+    tpots = [r["tpot_ms"] for r in rows]
+    out.update(engines=len(rows), engine_spread=max(tpots) / min(tpots) - 1,
+               repeats=sum(r.get("repeats", 0) for r in rows),
+               repeat_spread=max(r.get("repeat_spread", 0.0) for r in rows))
+    return out
 
 
 def tables_from_results(results: list[dict], *, command: str = "") -> list[CalibrationTable]:
@@ -268,18 +360,22 @@ def tables_from_results(results: list[dict], *, command: str = "") -> list[Calib
         gpu = gpu_key(res.get("gpu_name", "unknown"))
         rows = {b: _row_from_result(r) for b, r in res.get("batches", {}).items()}
         rows = {b: r for b, r in rows.items() if r}
+        # Lists of engine rows per batch: a configuration started twice is pooled below.
         if int(res.get("k") or 0) == 0:
-            baselines.setdefault((target, gpu, tp), {}).update(rows)
+            dest = baselines.setdefault((target, gpu, tp), {})
         else:
             key = (target, draft, gpu, tp)
-            spec_rows.setdefault(key, {})[str(res["k"])] = rows
+            dest = spec_rows.setdefault(key, {}).setdefault(str(res["k"]), {})
             meta[key] = {"gpu_name": res.get("gpu_name", ""), "vllm_version": res.get("vllm_version", ""),
                          "acceptance": res.get("acceptance", 0.8), "synthetic": spec.get("synthetic", True)}
+        for b, r in rows.items():
+            dest.setdefault(b, []).append(r)
         memory.setdefault((target, gpu, tp), {})[spec.get("id", f"{target}-{draft}-k{res.get('k')}")] = \
             res.get("memory_lines", [])
     tables = []
-    for (target, draft, gpu, tp), per_k in spec_rows.items():
-        base = baselines.get((target, gpu, tp), {})
+    for (target, draft, gpu, tp), per_k_lists in spec_rows.items():
+        base = {b: _pool_rows(rs) for b, rs in baselines.get((target, gpu, tp), {}).items()}
+        per_k = {k: {b: _pool_rows(rs) for b, rs in by_b.items()} for k, by_b in per_k_lists.items()}
         m = meta[(target, draft, gpu, tp)]
         tables.append(CalibrationTable(
             target=target, draft=draft, gpu=gpu, tp=tp, gpu_name=m["gpu_name"], vllm_version=m["vllm_version"],
@@ -287,7 +383,9 @@ def tables_from_results(results: list[dict], *, command: str = "") -> list[Calib
             memory={k: v for k, v in memory.get((target, gpu, tp), {}).items()},
             provenance={"command": command, "created_unix": round(time.time()), "synthetic": m["synthetic"],
                         "method": "vLLM offline, load_format=dummy, synthetic rejection sampling; "
-                                  "tpot = (t(max_tokens=M) - t(max_tokens=1)) / (M-1), medians of repeats",
+                                  "tpot = (t(max_tokens=M) - t(max_tokens=1)) / (M-1), medians of repeats, "
+                                  "the mean over engine starts of one configuration; steady-state step costs "
+                                  "derived at load time (draftfit/drain.py)",
                         "shapes": {n: _shape(n) for n in (target, draft)}},
         ))
     return tables

@@ -69,6 +69,10 @@ def _counters(llm) -> dict:
     out: dict = {}
     for m in llm.get_metrics():
         name = getattr(m, "name", "")
+        if name in ("vllm:iteration_tokens_total", "vllm:iteration_tokens") and hasattr(m, "count"):
+            # One observation per engine step: the run's engine steps, drain included (draftfit/drain.py).
+            out["engine_steps"] = out.get("engine_steps", 0) + m.count
+            continue
         if not (name.startswith("vllm:spec_decode") or name in ("vllm:generation_tokens",
                                                               "vllm:prompt_tokens", "vllm:num_preemptions")):
             continue
@@ -195,7 +199,10 @@ def run_engine(spec: dict, out_path: str) -> dict:
         decode_s = max(statistics.median(tms) - statistics.median(t1s), 1e-9)
         row = {"t1_s": t1s, "tM_s": tms, "tokens": toks, "decode_s": decode_s,
                "tpot_ms": 1000 * decode_s / (max_tokens - 1), "max_tokens": max_tokens,
-               "prompt_len": prompt_len, "counters": deltas[-1] if deltas else {}}
+               "prompt_len": prompt_len, "counters": deltas[-1] if deltas else {},
+               # Per repeat: drafts (= request-steps) and engine steps, to pair each timing with its own steps.
+               "drafts_per_repeat": [d.get("vllm:spec_decode_num_drafts") for d in deltas],
+               "engine_steps_per_repeat": [d.get("engine_steps") for d in deltas]}
         if k > 0 and deltas:
             drafts = statistics.median(d.get("vllm:spec_decode_num_drafts", 0) for d in deltas)
             accepted = statistics.median(d.get("vllm:spec_decode_num_accepted_tokens", 0) for d in deltas)

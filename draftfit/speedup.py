@@ -236,7 +236,7 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         measured = {}
         if table is not None:
             for k in ks:
-                m = table.measured_speedup(k, b)
+                m = table.speedup(k, b)
                 if m is not None:
                     measured[k] = m
         out[b] = BatchPrediction(

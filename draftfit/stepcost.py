@@ -44,6 +44,10 @@ ALLREDUCE_US = 9.0  # per all-reduce at TP>1 (two per layer), small messages ove
 # its passes replay piecewise graphs, attention between them per layer. On the H200 campaign a 16-layer 1B
 # draft pass cost ~2.4 ms, a 28-layer 0.6B ~6 ms at batch 1.
 DRAFT_LAYER_MS = 0.15
+# The same host cost when TP > 1: the model then runs in worker processes apart from the engine core's
+# scheduler loop, and on the H200 campaign a draft layer cost ~0.07 ms there against ~0.18 ms at TP=1
+# (one process for both: 70B TP=2 + 1B/8B drafts vs 8B TP=1 + 1B/0.6B drafts, fitted per TP).
+DRAFT_LAYER_MP_MS = 0.07
 DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, next-token gather on the host)
 # A verify of batch x (K+1) tokens above vLLM's largest captured CUDA graph (512 tokens by default with a
 # draft) runs without a graph: a per-layer penalty (seen: Llama-3.1-8B K=4 at batch 128). The draft's first
@@ -155,9 +159,10 @@ class StepCostModel:
 
 PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "plain_seq_ms": PLAIN_SEQ_MS,
                    "spec_ms": SPEC_STEP_OVERHEAD_MS, "spec_seq_ms": SPEC_SEQ_MS, "draft_layer_ms": DRAFT_LAYER_MS,
+                   "draft_layer_mp_ms": DRAFT_LAYER_MP_MS,
                    "draft_seq_ms": DRAFT_SEQ_MS, "eager_layer_ms": EAGER_LAYER_MS}
 # The speculative step's overhead terms, in the order of overhead_features() (what fitted_overheads fits).
-SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_layer_ms", "draft_seq_ms", "eager_layer_ms")
+SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_layer_ms", "draft_layer_mp_ms", "draft_seq_ms", "eager_layer_ms")
 ZERO_OVERHEADS = {k: 0.0 for k in PRIOR_OVERHEADS}
 
 
@@ -165,11 +170,16 @@ def graph_miss(batch: int, k: int) -> bool:
     return batch * (k + 1) > CUDAGRAPH_MAX_TOKENS
 
 
-def overhead_features(target, draft, *, batch: int, k: int) -> list[float]:
+def overhead_features(target, draft, *, batch: int, k: int, tp: int = 1) -> list[float]:
     """What each SPEC_TERMS coefficient multiplies in a speculative step of K drafts at this batch."""
     miss = graph_miss(batch, k)
-    return [1.0, float(batch), float(k * draft.num_layers), float(k * batch),
+    layers = float(k * draft.num_layers)
+    return [1.0, float(batch), layers if tp == 1 else 0.0, layers if tp > 1 else 0.0, float(k * batch),
             float(target.num_layers + draft.num_layers) if miss else 0.0]
+
+
+def draft_layer_ms(overheads: dict, tp: int) -> float:
+    return overheads["draft_layer_ms"] if tp == 1 else overheads["draft_layer_mp_ms"]
 
 
 def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
@@ -178,7 +188,7 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     base = forward_ms(target, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
         + ov["plain_ms"] + ov["plain_seq_ms"] * batch
     draft_fwd = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
-        + draft.num_layers * ov["draft_layer_ms"] + batch * ov["draft_seq_ms"]
+        + draft.num_layers * draft_layer_ms(ov, tp) + batch * ov["draft_seq_ms"]
     spec, verify = {}, {}
     for k in k_values:
         eager = (target.num_layers + draft.num_layers) * ov["eager_layer_ms"] if graph_miss(batch, k) else 0.0
@@ -221,7 +231,7 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
     """Step costs from a calibration table; outside its batch range, the measured values at the nearest
     edge are scaled by the roofline's ratio between the two batch sizes."""
     base_pts = {int(b): r["step_ms"] for b, r in table.baseline.items() if r.get("step_ms")}
-    spec_pts = {int(k): {int(b): r["step_ms"] for b, r in rows.items() if r.get("step_ms")}
+    spec_pts = {int(k): {int(b): table.spec_step_ms(int(k), int(b)) for b, r in rows.items() if r.get("step_ms")}
                 for k, rows in table.spec.items()}
     spec_pts = {k: v for k, v in spec_pts.items() if v}
     if not base_pts or not spec_pts:
@@ -302,7 +312,8 @@ class CalibrationPoint:
     context_len: int
     row: dict  # the table's spec row
     base_row: dict  # the table's baseline row at this batch
-    measured: float  # TPOT speedup at the table's synthetic acceptance
+    measured: float  # steady-state TPOT speedup at the table's synthetic acceptance (CalibrationTable.speedup)
+    step_ms: float  # steady-state speculative step (CalibrationTable.spec_step_ms)
     prior: StepCost  # roofline with `overheads` (all zero when overheads == ZERO_OVERHEADS)
 
 
@@ -322,16 +333,16 @@ def calibration_points(tables, *, overheads: dict | None = None):
         group = f"{t.target}+{t.draft}@{t.gpu}/tp{t.tp}"
         for b in t.batches:
             for k in t.ks:
-                measured = t.measured_speedup(k, b)
+                measured, step = t.speedup(k, b), t.spec_step_ms(k, b)
                 row = t.spec[str(k)].get(str(b), {})
-                if not measured or not row.get("step_ms"):
+                if not measured or not step:
                     continue
                 ctx = _ctx(row)
                 prior = prior_step_cost(target, draft, gpu, batch=b, k_values=[k], tp=t.tp, context_len=ctx,
                                         overheads=overheads)
                 yield CalibrationPoint(table=t, group=group, target=target, draft=draft, gpu=gpu, batch=b, k=k,
                                        context_len=ctx, row=row, base_row=t.baseline[str(b)], measured=measured,
-                                       prior=prior)
+                                       step_ms=step, prior=prior)
 
 
 _FITTED: dict | None = None
@@ -342,11 +353,11 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
     squares on measured minus roofline step costs, relative to the measured step (the error that matters is
     relative):
       plain step:       gap = plain_ms + batch x plain_seq_ms
-      speculative step: gap = spec_ms + batch x spec_seq_ms + K x draft_layers x draft_layer_ms
+      speculative step: gap = spec_ms + batch x spec_seq_ms + K x draft_layers x draft_layer_(mp_)ms
                               + K x batch x draft_seq_ms + [graph miss] x (target + draft layers) x eager_layer_ms
-    Coefficients are kept non-negative; the priors stand in when nothing is calibrated. Step costs are the
-    tables' medians of repeats: fitting on the fastest repeat instead (robust_tables(..., 'min')) predicted
-    the held-out configurations worse in bench/speedup.py (36 % vs 28.5 % mean error against the medians)."""
+    Coefficients are kept non-negative; the priors stand in when nothing is calibrated. Speculative step
+    costs are the steady-state ones (CalibrationTable.spec_step_ms: medians of repeats, the offline run's
+    batch drain taken out, draftfit/drain.py)."""
     global _FITTED
     default = calibration_dir is None and tables is None
     if _FITTED is not None and default:
@@ -365,74 +376,23 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
             w = 1.0 / base_ms
             plain_rows.append([w, pt.batch * w])
             plain_gaps.append((base_ms - pt.prior.base_step_ms) * w)
-        w = 1.0 / pt.row["step_ms"]
-        rows.append([f * w for f in overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k)])
-        gaps.append((pt.row["step_ms"] - pt.prior.spec_step_ms[pt.k]) * w)
+        w = 1.0 / pt.step_ms
+        rows.append([f * w for f in overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k, tp=pt.table.tp)])
+        gaps.append((pt.step_ms - pt.prior.spec_step_ms[pt.k]) * w)
     out = dict(PRIOR_OVERHEADS, n_plain=len(plain_gaps), n_spec=len(gaps))
     if len(plain_gaps) >= 2:
         out["plain_ms"], out["plain_seq_ms"] = _nonneg_lstsq(plain_rows, plain_gaps)
-    if len(gaps) >= len(SPEC_TERMS):
-        out.update(zip(SPEC_TERMS, _nonneg_lstsq(rows, gaps)))
+    # A term no training row exercises (e.g. TP > 1 when every table is TP=1) keeps its prior: its
+    # column is all zero, so the prior's share is moved into the gap and the rest is fitted.
+    seen = [j for j in range(len(SPEC_TERMS)) if any(r[j] for r in rows)]
+    if len(gaps) >= len(seen) and seen:
+        unseen = [j for j in range(len(SPEC_TERMS)) if j not in seen]
+        for j in unseen:  # zero columns contribute nothing; keep the prior value for them
+            out[SPEC_TERMS[j]] = PRIOR_OVERHEADS[SPEC_TERMS[j]]
+        coef = _nonneg_lstsq([[r[j] for j in seen] for r in rows], gaps)
+        out.update({SPEC_TERMS[j]: c for j, c in zip(seen, coef)})
     if default:
         _FITTED = out
-    return out
-
-
-def raw_repeats(raw_dir) -> dict:
-    """Per-repeat timings of the raw campaign lane files in raw_dir: {(target, draft or None, tp, k, batch):
-    {"t1_s": [...], "tM_s": [...], "max_tokens": M}}. Empty when there are none."""
-    import json
-    from pathlib import Path
-
-    out = {}
-    raw_dir = Path(raw_dir)
-    if not raw_dir.is_dir():
-        return out
-    for path in sorted(raw_dir.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        for entry in data.get("configs", []) if isinstance(data, dict) else []:
-            res = entry.get("result") or {}
-            spec = res.get("spec") or entry.get("spec") or {}
-            for b, row in (res.get("batches") or {}).items():
-                if not isinstance(row, dict) or not row.get("tM_s") or not row.get("t1_s"):
-                    continue
-                key = (spec.get("target"), spec.get("draft"), int(spec.get("tp", 1)), int(res.get("k") or 0), int(b))
-                out[key] = {"t1_s": row["t1_s"], "tM_s": row["tM_s"], "max_tokens": row.get("max_tokens", 96)}
-    return out
-
-
-def robust_tables(tables, calibration_dir=None, *, statistic: str = "median"):
-    """Copies of the tables whose step_ms / tpot_ms come from the raw repeats in <calibration_dir>/raw/
-    when there: decode time = statistic(t(max_tokens=M)) - statistic(t(max_tokens=1)). 'median': what the
-    tables hold; 'min': the campaign's lanes shared a host, so interference only adds time and the fastest
-    repeat is the least disturbed one. Each row also gets repeat_spread (slowest / fastest t(M) - 1). Rows
-    without raw repeats keep the table's values."""
-    import copy
-    import statistics
-    from pathlib import Path
-
-    pick = {"min": min, "median": statistics.median}[statistic]
-    out = []
-    raw_cache: dict = {}
-    for t in tables:
-        d = Path(calibration_dir) if calibration_dir else (Path(t.path).parent if t.path else None)
-        raw = raw_cache.setdefault(str(d), raw_repeats(d / "raw") if d else {})
-        t2 = copy.deepcopy(t)
-        rows = [(None, 0, b, r) for b, r in t2.baseline.items()] + \
-               [(t2.draft, int(k), b, r) for k, kr in t2.spec.items() for b, r in kr.items()]
-        for draft, k, b, r in rows:
-            rep = raw.get((t2.target, draft, int(t2.tp), k, int(b)))
-            steps = r.get("steps")
-            if not rep or not steps:
-                continue
-            decode_s = max(pick(rep["tM_s"]) - pick(rep["t1_s"]), 1e-9)
-            r.update(step_ms_median=r.get("step_ms"), tpot_ms_median=r.get("tpot_ms"), step_ms=1000 * decode_s / steps,
-                     tpot_ms=1000 * decode_s / (rep["max_tokens"] - 1), statistic=statistic,
-                     repeat_spread=max(rep["tM_s"]) / min(rep["tM_s"]) - 1 if len(rep["tM_s"]) > 1 else 0.0)
-        out.append(t2)
     return out
 
 

@@ -163,5 +163,9 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
     assert entry["status"] == "ok", entry.get("error")
     row = entry["result"]["batches"]["2"]
     assert row["tpot_ms"] > 0 and row["num_drafts"] >= 2 * 5 / 3  # >= 1 draft per request per step
+    # vLLM's iteration histogram counts engine steps: at least the longest request's (5 decode tokens need
+    # >= 5 / (K+1) steps), at most one per decode token plus the prefill, and never fewer than drafts / batch.
+    (engine_steps,), (drafts,) = row["engine_steps_per_repeat"], row["drafts_per_repeat"]
+    assert drafts / 2 <= engine_steps <= 6
     assert "Initializing a V1 LLM engine" in entry["log"]
     assert any("KV cache" in ln for ln in entry["memory_lines"])

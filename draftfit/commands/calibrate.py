@@ -40,9 +40,10 @@ def _ints(text: str, what: str) -> list[int]:
 @click.option("--ingest", "ingest", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Instead of measuring: turn campaign lane files (<phase>_<lane>.json) into tables.")
 @click.option("--write-configs", is_flag=True, help="Only write data/calibration/configs/<model>/config.json.")
+@click.option("--show", is_flag=True, help="Print the stored tables (all, or TARGET's / TARGET+DRAFT's) instead.")
 @json_option
 def calibrate(target, draft, k_text, batch_text, tp, acc_text, max_tokens, repeats, budget_s, out, ingest,
-              write_configs, as_json):
+              write_configs, show, as_json):
     """Measure step costs of TARGET with DRAFT on this GPU (vLLM 0.26+, dummy weights): one engine for the
     baseline and one per K, each batch size timed in it; writes a step-cost table that `draftfit speedup`
     and `rank` use ('calibrated:<file>').
@@ -51,9 +52,25 @@ def calibrate(target, draft, k_text, batch_text, tp, acc_text, max_tokens, repea
     Examples:
       draftfit calibrate Llama-3.1-8B Llama-3.2-1B --k 1..8 --batch 1,8,32,128
       draftfit calibrate --ingest A_gpu0.json --ingest A_gpu1.json
+      draftfit calibrate --show Llama-3.1-8B --json     # stored tables: offline and steady-state speedups
     """
     from draftfit import calibrate as cal
     from draftfit.render import console, emit_json
+
+    if show:
+        tables = [t for t in cal.load_tables() if (not target or cal._norm(t.target) == cal._norm(target))
+                  and (not draft or cal._norm(t.draft) == cal._norm(draft))]
+        if not tables:
+            raise DraftfitError(f"no calibration table for {target or 'any target'}"
+                                + (f" + {draft}" if draft else ""),
+                                fix="see `draftfit calibrate --show` for what is stored, or run the campaign")
+        if as_json:
+            emit_json({"tables": [_detail(t) for t in tables]})
+            return
+        con = console()
+        for t in tables:
+            _render_table(t, con)
+        return
 
     if write_configs:
         names = [n for n in (target, draft) if n] or None
@@ -95,6 +112,23 @@ def _summary(t) -> dict:
             "path": t.path}
 
 
+def _detail(t) -> dict:
+    """Every measured point of a table: offline (as timed) and steady-state (drain taken out) numbers."""
+    points = []
+    for k in t.ks:
+        for b in t.batches:
+            row = t.spec.get(str(k), {}).get(str(b))
+            if not row or not t.measured_speedup(k, b):
+                continue
+            points.append({"k": k, "batch": b, "plain_step_ms": t.baseline[str(b)].get("step_ms"),
+                           "offline_step_ms": row.get("step_ms"), "steady_step_ms": t.spec_step_ms(k, b),
+                           "offline_speedup": t.measured_speedup(k, b), "steady_speedup": t.speedup(k, b),
+                           "drain_ratio": t.drain_ratio(k, b), "engines": row.get("engines", 1),
+                           "engine_spread": row.get("engine_spread"), "repeat_spread": row.get("repeat_spread")})
+    return {**_summary(t), "gpu_name": t.gpu_name, "vllm_version": t.vllm_version, "acceptance": t.acceptance,
+            "provenance": {k: v for k, v in t.provenance.items() if k != "shapes"}, "points": points}
+
+
 def _render_table(t, con) -> None:
     from draftfit.render import table
 
@@ -103,11 +137,12 @@ def _render_table(t, con) -> None:
         base = t.baseline.get(str(b), {})
         row = [b, f"{base.get('tpot_ms', 0):.2f}"]
         for k in t.ks:
-            r = t.spec.get(str(k), {}).get(str(b), {})
-            s = t.measured_speedup(k, b)
-            row.append(f"{r.get('step_ms', 0):.2f} / {s:.2f}x" if s else "—")
+            s, off = t.speedup(k, b), t.measured_speedup(k, b)
+            row.append(f"{t.spec_step_ms(k, b):.2f} / {s:.2f}x ({off:.2f}x)" if s and off else "—")
         rows.append(row)
     con.print(table(f"{t.target} + {t.draft} on {t.gpu_name or t.gpu} TP={t.tp} (vLLM {t.vllm_version})",
-                    ["batch", "plain TPOT ms", *[f"K={k} step ms / speedup" for k in t.ks]], rows,
+                    ["batch", "plain TPOT ms", *[f"K={k} step ms / speedup (offline)" for k in t.ks]], rows,
                     caption=(f"measured at synthetic acceptance {t.acceptance}" if t.provenance.get("synthetic", True)
-                             else "measured with real rejection of dummy-weight drafts (acceptance ~0)") + f"; {t.path}"))
+                             else "measured with real rejection of dummy-weight drafts (acceptance ~0)")
+                    + "; step and speedup at steady state (batch drain of the offline run taken out), "
+                      f"offline TPOT ratio in brackets; {t.path}"))

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from draftfit.errors import DraftfitError
@@ -208,7 +209,7 @@ class CalibrationTable:
         """Speculative step cost at a full batch of `batch` requests: the measured run with its drain
         taken out (draftfit.drain). Batch 1 has no drain; larger batches use the K's step costs at the
         next smaller measured batch for the share of the step that does not scale with requests."""
-        return self._steady().get((int(k), int(batch)))
+        return self._steady.get((int(k), int(batch)))
 
     def steady_speedup(self, k: int, batch: int) -> float | None:
         """TPOT speedup under steady load (continuous batching keeps `batch` requests running):
@@ -241,11 +242,9 @@ class CalibrationTable:
             return None
         return row["step_ms"] / step
 
+    @cached_property
     def _steady(self) -> dict:
-        cache = self.__dict__.get("_steady_cache")
-        if cache is None:
-            cache = self.__dict__["_steady_cache"] = _steady_steps(self)
-        return cache
+        return _steady_steps(self)
 
 
 def _steady_steps(table: CalibrationTable) -> dict:
@@ -262,7 +261,7 @@ def _steady_steps(table: CalibrationTable) -> dict:
                 continue
             decode_ms = row["step_ms"] * row["steps"]
             d = drain(table.acceptance, k, int(row.get("max_tokens", 96)) - 1, b)
-            step = decode_ms / row["steps"]
+            step = row["step_ms"]
             for _ in range(4):  # phi depends on the answer; a fixed point in a few rounds
                 phi = batch_share(prev[1], step, prev[0], b) if prev else 1.0
                 step = steady_step_ms(decode_ms, row["steps"], d, phi)

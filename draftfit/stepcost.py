@@ -9,10 +9,11 @@ Two sources, the better one wins:
   cost, where bytes = weights per rank + KV cache read, FLOPs = 2 x params x tokens + attention. A plain
   vLLM decode step adds host overhead per step and per sequence (scheduler, sampler; async scheduling hides
   part of it). A speculative step adds its own per step and per sequence (rejection sampler, proposer
-  bookkeeping, async scheduling switched off with a draft model); each of its K draft passes a cost per
-  draft layer (the drafter replays piecewise CUDA graphs, attention in between) and per sequence; and when
-  batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify and the draft's first pass run
-  eager, a cost per layer. The constants below are priors; `fitted_overheads` refits them from the
+  bookkeeping, async scheduling switched off with a draft model); each of its K draft passes costs the
+  larger of its roofline and its host time (a cost per draft layer: the drafter replays piecewise CUDA
+  graphs with attention in between, and the GPU runs while the host launches), plus a cost per sequence;
+  and when batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify and the draft's first
+  pass run eager, a cost per layer. The constants below are priors; `fitted_overheads` refits them from the
   calibration tables (calibration_points is the one loop over measured points that fitting, the learned
   correction and bench/speedup.py share).
 
@@ -40,14 +41,14 @@ SPEC_STEP_OVERHEAD_MS = 1.6  # rejection sampler, proposer bookkeeping, no async
 SPEC_SEQ_MS = 0.04
 FORWARD_LAUNCH_MS = 0.12  # per forward pass replayed from a CUDA graph (each draft pass is one)
 ALLREDUCE_US = 9.0  # per all-reduce at TP>1 (two per layer), small messages over NVLink
-# vLLM's draft_model proposer runs each draft pass with per-layer host overhead that the roofline misses:
-# its passes replay piecewise graphs, attention between them per layer. On the H200 campaign a 16-layer 1B
-# draft pass cost ~2.4 ms, a 28-layer 0.6B ~6 ms at batch 1.
-DRAFT_LAYER_MS = 0.15
+# vLLM's draft_model proposer launches each draft pass layer by layer from the host (piecewise graphs,
+# attention between them). The GPU works while the host launches, so a pass costs max(roofline, host time)
+# and not their sum: on the H200 campaign a 28-layer 7B draft pass (3.7 ms of weight streaming) cost
+# ~5.3 ms at batch 1, about what the 28-layer 0.6B costs, while a 16-layer 1B cost ~3.5 ms.
+DRAFT_LAYER_MS = 0.21
 # The same host cost when TP > 1: the model then runs in worker processes apart from the engine core's
-# scheduler loop, and on the H200 campaign a draft layer cost ~0.07 ms there against ~0.18 ms at TP=1
-# (one process for both: 70B TP=2 + 1B/8B drafts vs 8B TP=1 + 1B/0.6B drafts, fitted per TP).
-DRAFT_LAYER_MP_MS = 0.07
+# scheduler loop (70B TP=2 + 1B/8B drafts against the TP=1 pairs, fitted per TP).
+DRAFT_LAYER_MP_MS = 0.15
 DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, next-token gather on the host)
 # A verify of batch x (K+1) tokens above vLLM's largest captured CUDA graph (512 tokens by default with a
 # draft) runs without a graph: a per-layer penalty (seen: Llama-3.1-8B K=4 at batch 128). The draft's first
@@ -161,8 +162,10 @@ PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "plain_seq_ms": PLAIN_SEQ
                    "spec_ms": SPEC_STEP_OVERHEAD_MS, "spec_seq_ms": SPEC_SEQ_MS, "draft_layer_ms": DRAFT_LAYER_MS,
                    "draft_layer_mp_ms": DRAFT_LAYER_MP_MS,
                    "draft_seq_ms": DRAFT_SEQ_MS, "eager_layer_ms": EAGER_LAYER_MS}
-# The speculative step's overhead terms, in the order of overhead_features() (what fitted_overheads fits).
-SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_layer_ms", "draft_layer_mp_ms", "draft_seq_ms", "eager_layer_ms")
+# The speculative step's terms that enter linearly, in the order of overhead_features(); the two per-layer
+# host costs (HOST_TERMS) sit inside a max() and are searched (fitted_overheads).
+SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_seq_ms", "eager_layer_ms")
+HOST_TERMS = ("draft_layer_ms", "draft_layer_mp_ms")  # per draft layer at TP=1 / TP>1
 ZERO_OVERHEADS = {k: 0.0 for k in PRIOR_OVERHEADS}
 
 
@@ -173,13 +176,20 @@ def graph_miss(batch: int, k: int) -> bool:
 def overhead_features(target, draft, *, batch: int, k: int, tp: int = 1) -> list[float]:
     """What each SPEC_TERMS coefficient multiplies in a speculative step of K drafts at this batch."""
     miss = graph_miss(batch, k)
-    layers = float(k * draft.num_layers)
-    return [1.0, float(batch), layers if tp == 1 else 0.0, layers if tp > 1 else 0.0, float(k * batch),
-            float(target.num_layers + draft.num_layers) if miss else 0.0]
+    return [1.0, float(batch), float(k * batch), float(target.num_layers + draft.num_layers) if miss else 0.0]
+
+
+def host_term(tp: int) -> str:
+    return HOST_TERMS[0] if tp == 1 else HOST_TERMS[1]
 
 
 def draft_layer_ms(overheads: dict, tp: int) -> float:
-    return overheads["draft_layer_ms"] if tp == 1 else overheads["draft_layer_mp_ms"]
+    return overheads[host_term(tp)]
+
+
+def draft_pass_ms(roofline_ms: float, num_layers: int, layer_ms: float) -> float:
+    """One draft forward pass: the GPU's roofline time or the host's launch time, whichever is longer."""
+    return max(roofline_ms, num_layers * layer_ms)
 
 
 def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
@@ -187,8 +197,8 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
     base = forward_ms(target, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
         + ov["plain_ms"] + ov["plain_seq_ms"] * batch
-    draft_fwd = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
-        + draft.num_layers * draft_layer_ms(ov, tp) + batch * ov["draft_seq_ms"]
+    draft_fwd = draft_pass_ms(forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp),
+                              draft.num_layers, draft_layer_ms(ov, tp)) + batch * ov["draft_seq_ms"]
     spec, verify = {}, {}
     for k in k_values:
         eager = (target.num_layers + draft.num_layers) * ov["eager_layer_ms"] if graph_miss(batch, k) else 0.0
@@ -353,11 +363,13 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
     squares on measured minus roofline step costs, relative to the measured step (the error that matters is
     relative):
       plain step:       gap = plain_ms + batch x plain_seq_ms
-      speculative step: gap = spec_ms + batch x spec_seq_ms + K x draft_layers x draft_layer_(mp_)ms
-                              + K x batch x draft_seq_ms + [graph miss] x (target + draft layers) x eager_layer_ms
-    Coefficients are kept non-negative; the priors stand in when nothing is calibrated. Speculative step
-    costs are the steady-state ones (CalibrationTable.spec_step_ms: medians of repeats, the offline run's
-    batch drain taken out, draftfit/drain.py)."""
+      speculative step: step - verify = K x max(draft roofline, draft layers x draft_layer_(mp_)ms)
+                              + spec_ms + batch x spec_seq_ms + K x batch x draft_seq_ms
+                              + [graph miss] x (target + draft layers) x eager_layer_ms
+    All coefficients are kept non-negative; the max() makes the fit piecewise linear (_fit_spec_terms).
+    The priors stand in when nothing is calibrated, and for a term no training row exercises. Speculative
+    step costs are the steady-state ones (CalibrationTable.spec_step_ms: medians of repeats, the offline
+    run's batch drain taken out, draftfit/drain.py)."""
     global _FITTED
     default = calibration_dir is None and tables is None
     if _FITTED is not None and default:
@@ -366,7 +378,7 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
         from draftfit.calibrate import load_tables
 
         tables = load_tables(calibration_dir)
-    plain_rows, plain_gaps, rows, gaps = [], [], [], []
+    plain_rows, plain_gaps, samples = [], [], []
     seen_base = set()
     for pt in calibration_points(tables, overheads=ZERO_OVERHEADS):
         key = (pt.table.target, pt.table.gpu, pt.table.tp, pt.batch)
@@ -376,20 +388,79 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
             w = 1.0 / base_ms
             plain_rows.append([w, pt.batch * w])
             plain_gaps.append((base_ms - pt.prior.base_step_ms) * w)
-        w = 1.0 / pt.step_ms
-        rows.append([f * w for f in overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k, tp=pt.table.tp)])
-        gaps.append((pt.step_ms - pt.prior.spec_step_ms[pt.k]) * w)
-    out = dict(PRIOR_OVERHEADS, n_plain=len(plain_gaps), n_spec=len(gaps))
+        draft_roofline = forward_ms(pt.draft, pt.gpu, batch=pt.batch, tokens_per_seq=1, context_len=pt.context_len,
+                                    tp=pt.table.tp)
+        samples.append(_SpecSample(
+            w=1.0 / pt.step_ms, step_ms=pt.step_ms, k=pt.k, host=host_term(pt.table.tp), layers=pt.draft.num_layers,
+            draft_roofline_ms=draft_roofline, rest_ms=pt.prior.spec_step_ms[pt.k] - pt.k * draft_roofline,
+            features=overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k, tp=pt.table.tp)))
+    out = dict(PRIOR_OVERHEADS, n_plain=len(plain_gaps), n_spec=len(samples))
     if len(plain_gaps) >= 2:
         out["plain_ms"], out["plain_seq_ms"] = _nonneg_lstsq(plain_rows, plain_gaps)
-    # A term no training row exercises (e.g. TP > 1 when every table is TP=1) has an all-zero column:
-    # it is left out of the fit and keeps its prior (already in `out`); the others are fitted.
-    seen = [j for j in range(len(SPEC_TERMS)) if any(r[j] for r in rows)]
-    if len(gaps) >= len(seen) and seen:
-        coef = _nonneg_lstsq([[r[j] for j in seen] for r in rows], gaps)
-        out.update({SPEC_TERMS[j]: c for j, c in zip(seen, coef)})
+    if len(samples) >= len(SPEC_TERMS) + 1:
+        out.update(_fit_spec_terms(samples, {t: out[t] for t in HOST_TERMS}))
     if default:
         _FITTED = out
+    return out
+
+
+@dataclass
+class _SpecSample:
+    """One measured speculative step, reduced to what fitting the overheads needs."""
+
+    w: float  # 1 / measured step (relative errors)
+    step_ms: float
+    k: int
+    host: str  # which HOST_TERMS constant its draft layers pay
+    layers: int
+    draft_roofline_ms: float
+    rest_ms: float  # roofline of the step without the draft passes (the verify)
+    features: list  # overhead_features()
+
+
+def _fit_spec_terms(samples: list, host: dict) -> dict:
+    """SPEC_TERMS and the per-layer host costs by non-negative least squares. A draft pass is
+    max(roofline, layers x host cost): linear in the host cost on the samples where the host binds, so
+    alternate between choosing the binding side per sample and solving the linear problem until the choice
+    is stable (from the prior and two other starts; the smallest squared relative error wins). A term that
+    no sample exercises keeps its prior (left out of the fit)."""
+    terms = list(SPEC_TERMS) + [t for t in HOST_TERMS if any(s.host == t for s in samples)]
+
+    def solve(h: dict):
+        binds = [s.layers * h[s.host] > s.draft_roofline_ms for s in samples]
+        rows, gaps = [], []
+        for s, host_bound in zip(samples, binds):
+            fixed = s.rest_ms + (0.0 if host_bound else s.k * s.draft_roofline_ms)
+            host_cols = [float(s.k * s.layers) if host_bound and s.host == t else 0.0 for t in terms[len(SPEC_TERMS):]]
+            rows.append([f * s.w for f in list(s.features) + host_cols])
+            gaps.append((s.step_ms - fixed) * s.w)
+        used = [j for j in range(len(terms)) if any(r[j] for r in rows)]
+        coef = dict(zip((terms[j] for j in used), _nonneg_lstsq([[r[j] for j in used] for r in rows], gaps)))
+        new_h = {**h, **{t: coef[t] for t in terms[len(SPEC_TERMS):] if t in coef}}
+        return coef, new_h
+
+    def sse(coef: dict, h: dict) -> float:
+        total = 0.0
+        for s in samples:
+            pred = s.rest_ms + s.k * draft_pass_ms(s.draft_roofline_ms, s.layers, h[s.host]) \
+                + sum(coef.get(t, 0.0) * f for t, f in zip(SPEC_TERMS, s.features))
+            total += ((s.step_ms - pred) * s.w) ** 2
+        return total
+
+    best = None
+    for start in (host, {t: 0.05 for t in HOST_TERMS}, {t: 0.4 for t in HOST_TERMS}):
+        h = dict(start)
+        for _ in range(20):
+            coef, new_h = solve(h)
+            if all(abs(new_h[t] - h[t]) < 1e-12 for t in HOST_TERMS):
+                break
+            h = new_h
+        err = sse(coef, new_h)
+        if best is None or err < best[0]:
+            best = (err, coef, new_h)
+    _, coef, h = best
+    out = {t: coef[t] for t in SPEC_TERMS if t in coef}
+    out.update({t: h[t] for t in HOST_TERMS if t in terms})
     return out
 
 

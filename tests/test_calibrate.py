@@ -169,3 +169,29 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
     assert drafts / 2 <= engine_steps <= 6
     assert "Initializing a V1 LLM engine" in entry["log"]
     assert any("KV cache" in ln for ln in entry["memory_lines"])
+
+
+def test_each_repeat_is_divided_by_its_own_step_count():
+    """Synthetic acceptance is random per repeat: on the H200 (Coder-32B + 7B, K=4, batch 1) the five
+    96-token repeats took 28 to 32 steps and their wall times followed. Per-repeat step costs agree far
+    better than the timings, and the table's step cost is their median."""
+    import statistics
+
+    from draftfit.calibrate import _row_from_result
+
+    raw = json.loads((ROOT / "data" / "calibration" / "raw" / "2026-12-01" / "D1_gpu0.json").read_text())
+    entry = next(e for e in raw["configs"] if e["id"].endswith("-k4-tp1"))
+    batch_row = entry["result"]["batches"]["1"]
+    assert max(batch_row["drafts_per_repeat"]) >= 1.1 * min(batch_row["drafts_per_repeat"])
+    row = _row_from_result(batch_row, 1)
+    t1 = statistics.median(batch_row["t1_s"])
+    per = [1000 * (tm - t1) / d for tm, d in zip(batch_row["tM_s"], batch_row["drafts_per_repeat"])]
+    assert row["step_ms"] == pytest.approx(statistics.median(per))
+    assert row["steps"] == pytest.approx(statistics.mean(batch_row["drafts_per_repeat"]))
+    timing_spread = max(batch_row["tM_s"]) / min(batch_row["tM_s"]) - 1
+    assert timing_spread > 0.1 and row["repeat_spread"] < timing_spread / 3
+    # At batch 8 a request-step is drafts / batch; rows from older workers (no per-repeat counts) keep theirs.
+    row8 = _row_from_result(entry["result"]["batches"]["8"], 8)
+    assert row8["steps"] == pytest.approx(statistics.mean(entry["result"]["batches"]["8"]["drafts_per_repeat"]) / 8)
+    old = {k: v for k, v in batch_row.items() if k != "drafts_per_repeat"}
+    assert _row_from_result(old, 1)["step_ms"] == batch_row["step_ms"]

@@ -202,7 +202,8 @@ def render(result: dict, summary: dict) -> str:
            f"below {NO_SPECULATION_BELOW}x, so both say: do not speculate)" if s["bestk_multi_dont"] else "") + ". "
         "Measured speedups (synthetic acceptance 0.8, vLLM 0.26, H200, dummy weights) are in "
         "data/calibration/*.json, per-repeat timings and engine logs in data/calibration/raw/<date>/ "
-        "(2026-12-01: the 8B pairs, one engine at a time on a one-GPU host; 2026-11-30: the 70B pairs at TP=2).",
+        "(2026-12-01: the 8B pairs and Qwen2.5-Coder-32B + 7B, one engine at a time on a one-GPU host; "
+        "2026-11-30: the 70B pairs at TP=2).",
         "",
         markdown_table(["configuration", "batch", "best K measured (speedup)", "draftfit (measured there)",
                         "Leviathan"],

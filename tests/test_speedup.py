@@ -359,3 +359,21 @@ def test_one_loop_serves_training_and_the_benchmark(tmp_path):
     assert [p.measured for p in pts] == [r["measured"] for r in ts.rows]
     src = (ROOT / "bench" / "speedup.py").read_text()
     assert "calibration_points(" in src and "prior_step_cost(" not in src
+
+
+def test_bands_match_the_measured_spread():
+    """The prior's band covers ~80 % of held-out errors and the calibrated band ~75 % of restart-to-restart
+    differences on the shipped H200 tables, so a printed band means what it says."""
+    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "bench" / "speedup.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from draftfit.calibrate import load_tables
+    from draftfit.stepcost import CALIBRATED_UNCERTAINTY, PRIOR_UNCERTAINTY
+
+    cases = bench.evaluate(load_tables())["cases"]
+    assert len(cases) >= 40
+    held_out = [abs(c["draftfit"] / c["measured"] - 1) for c in cases]
+    assert 0.7 <= sum(e <= PRIOR_UNCERTAINTY for e in held_out) / len(held_out) <= 0.9
+    restarts = [c["engine_spread"] for c in cases if c.get("engine_spread") is not None]
+    assert len(restarts) >= 10
+    assert 0.6 <= sum(r <= CALIBRATED_UNCERTAINTY for r in restarts) / len(restarts) <= 0.9

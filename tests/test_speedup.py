@@ -199,7 +199,7 @@ def test_cli_prediction_table_json_and_plot(tmp_path):
                          capture_output=True, text=True, cwd=ROOT, check=True)
     data = json.loads(out.stdout)
     assert data["verdict"] == "don't" and data["batches"]["1"]["best_k"] == 0
-    # A 32B target with a 7B draft on one H200 measured 1.44x at K=3, batch 1, and a loss at batch 128.
+    # A 32B target with a 7B draft on one H200 measured 1.48x at K=3, batch 1, and a loss at batch 128.
     out = subprocess.run(DRAFTFIT + ["speedup", "--target", "Qwen2.5-Coder-32B", "--draft", "Qwen2.5-Coder-7B",
                                      "--gpu", "H200", "--alpha", "0.8", "--batch", "1,128", "--json"],
                          capture_output=True, text=True, cwd=ROOT, check=True)

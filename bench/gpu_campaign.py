@@ -188,12 +188,13 @@ def main(argv=None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), REPO) if p)
     os.makedirs(args.out, exist_ok=True)
     all_phases = _with_c2(phases(args.work_dir))
+    skip = set(args.skip.split(","))
     lanes = []
     for ph in args.phase.split(","):
         if ph not in all_phases:
             ap.error(f"unknown phase {ph!r}; known: {', '.join(all_phases)}")
         for name, visible, first_s, configs in all_phases[ph]:
-            configs = [c for c in configs if c["id"] not in set(args.skip.split(","))]
+            configs = [c for c in configs if c["id"] not in skip]
             for c in configs:
                 if args.max_tokens:
                     c["max_tokens"] = args.max_tokens

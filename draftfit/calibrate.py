@@ -317,15 +317,15 @@ def _row_from_result(batch_row: dict, batch: int = 1) -> dict | None:
             "num_drafts", "num_accepted")
     row = {k: batch_row[k] for k in keep if batch_row.get(k) is not None}
     t_m = batch_row.get("tM_s") or []
-    if len(t_m) > 1 and min(t_m) > 0:
-        row["repeat_spread"] = max(t_m) / min(t_m) - 1  # slowest / fastest timed generation
     per_step = _per_repeat_step_ms(batch_row, batch)
     if per_step:
         # Synthetic acceptance is random: at batch 1 one repeat of 96 tokens took 21 steps and the next 28
         # (K=8), so each repeat's time is divided by its own step count before the median.
         drafts = batch_row["drafts_per_repeat"]
-        row.update(step_ms=statistics.median(per_step), steps=sum(drafts) / len(drafts) / batch,
-                   repeat_spread=max(per_step) / min(per_step) - 1)
+        row.update(step_ms=statistics.median(per_step), steps=sum(drafts) / len(drafts) / batch)
+    spread_of = per_step or t_m  # slowest / fastest repeat, per step where the counts allow
+    if len(spread_of) > 1 and min(spread_of) > 0:
+        row["repeat_spread"] = max(spread_of) / min(spread_of) - 1
     row["repeats"] = len(t_m)
     return row
 

@@ -167,7 +167,7 @@ PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "plain_seq_ms": PLAIN_SEQ
                    "draft_layer_mp_ms": DRAFT_LAYER_MP_MS,
                    "draft_seq_ms": DRAFT_SEQ_MS, "eager_layer_ms": EAGER_LAYER_MS}
 # The speculative step's terms that enter linearly, in the order of overhead_features(); the two per-layer
-# host costs (HOST_TERMS) sit inside a max() and are searched (fitted_overheads).
+# host costs (HOST_TERMS) sit inside a max() (draft_pass_ms), which _fit_spec_terms handles.
 SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_seq_ms", "eager_layer_ms")
 HOST_TERMS = ("draft_layer_ms", "draft_layer_mp_ms")  # per draft layer at TP=1 / TP>1
 ZERO_OVERHEADS = {k: 0.0 for k in PRIOR_OVERHEADS}
@@ -177,7 +177,7 @@ def graph_miss(batch: int, k: int) -> bool:
     return batch * (k + 1) > CUDAGRAPH_MAX_TOKENS
 
 
-def overhead_features(target, draft, *, batch: int, k: int, tp: int = 1) -> list[float]:
+def overhead_features(target, draft, *, batch: int, k: int) -> list[float]:
     """What each SPEC_TERMS coefficient multiplies in a speculative step of K drafts at this batch."""
     miss = graph_miss(batch, k)
     return [1.0, float(batch), float(k * batch), float(target.num_layers + draft.num_layers) if miss else 0.0]
@@ -392,12 +392,11 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
             w = 1.0 / base_ms
             plain_rows.append([w, pt.batch * w])
             plain_gaps.append((base_ms - pt.prior.base_step_ms) * w)
-        draft_roofline = forward_ms(pt.draft, pt.gpu, batch=pt.batch, tokens_per_seq=1, context_len=pt.context_len,
-                                    tp=pt.table.tp)
+        # With every overhead zero the prior's draft pass is the draft's roofline and its verify the target's.
         samples.append(_SpecSample(
             w=1.0 / pt.step_ms, step_ms=pt.step_ms, k=pt.k, host=host_term(pt.table.tp), layers=pt.draft.num_layers,
-            draft_roofline_ms=draft_roofline, rest_ms=pt.prior.spec_step_ms[pt.k] - pt.k * draft_roofline,
-            features=overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k, tp=pt.table.tp)))
+            draft_roofline_ms=pt.prior.draft_forward_ms, verify_ms=pt.prior.verify_ms[pt.k],
+            features=overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k)))
     out = dict(PRIOR_OVERHEADS, n_plain=len(plain_gaps), n_spec=len(samples))
     if len(plain_gaps) >= 2:
         out["plain_ms"], out["plain_seq_ms"] = _nonneg_lstsq(plain_rows, plain_gaps)
@@ -418,7 +417,7 @@ class _SpecSample:
     host: str  # which HOST_TERMS constant its draft layers pay
     layers: int
     draft_roofline_ms: float
-    rest_ms: float  # roofline of the step without the draft passes (the verify)
+    verify_ms: float  # roofline of the target's verify pass
     features: list  # overhead_features()
 
 
@@ -428,25 +427,25 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
     alternate between choosing the binding side per sample and solving the linear problem until the choice
     is stable (from the prior and two other starts; the smallest squared relative error wins). A term that
     no sample exercises keeps its prior (left out of the fit)."""
-    terms = list(SPEC_TERMS) + [t for t in HOST_TERMS if any(s.host == t for s in samples)]
+    host_terms = [t for t in HOST_TERMS if any(s.host == t for s in samples)]
+    terms = list(SPEC_TERMS) + host_terms
 
     def solve(h: dict):
-        binds = [s.layers * h[s.host] > s.draft_roofline_ms for s in samples]
         rows, gaps = [], []
-        for s, host_bound in zip(samples, binds):
-            fixed = s.rest_ms + (0.0 if host_bound else s.k * s.draft_roofline_ms)
-            host_cols = [float(s.k * s.layers) if host_bound and s.host == t else 0.0 for t in terms[len(SPEC_TERMS):]]
+        for s in samples:
+            host_bound = s.layers * h[s.host] > s.draft_roofline_ms
+            fixed = s.verify_ms + (0.0 if host_bound else s.k * s.draft_roofline_ms)
+            host_cols = [float(s.k * s.layers) if host_bound and s.host == t else 0.0 for t in host_terms]
             rows.append([f * s.w for f in list(s.features) + host_cols])
             gaps.append((s.step_ms - fixed) * s.w)
         used = [j for j in range(len(terms)) if any(r[j] for r in rows)]
         coef = dict(zip((terms[j] for j in used), _nonneg_lstsq([[r[j] for j in used] for r in rows], gaps)))
-        new_h = {**h, **{t: coef[t] for t in terms[len(SPEC_TERMS):] if t in coef}}
-        return coef, new_h
+        return coef, {**h, **{t: coef[t] for t in host_terms if t in coef}}
 
     def sse(coef: dict, h: dict) -> float:
         total = 0.0
         for s in samples:
-            pred = s.rest_ms + s.k * draft_pass_ms(s.draft_roofline_ms, s.layers, h[s.host]) \
+            pred = s.verify_ms + s.k * draft_pass_ms(s.draft_roofline_ms, s.layers, h[s.host]) \
                 + sum(coef.get(t, 0.0) * f for t, f in zip(SPEC_TERMS, s.features))
             total += ((s.step_ms - pred) * s.w) ** 2
         return total
@@ -464,7 +463,7 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
             best = (err, coef, new_h)
     _, coef, h = best
     out = {t: coef[t] for t in SPEC_TERMS if t in coef}
-    out.update({t: h[t] for t in HOST_TERMS if t in terms})
+    out.update({t: h[t] for t in host_terms})
     return out
 
 

@@ -23,6 +23,8 @@ Phases (the lead launches each as its own command):
   D        one GPU: Qwen2.5-Coder-32B + Qwen2.5-Coder-7B (baseline, K 4,2,3,6,1,8), then second engine
            starts of baseline, K=4, K=2 (ids end in -r2); `--skip` drops the ids an earlier call finished
   R2       one GPU: second starts of the 8B pairs' baselines and K=1, K=2
+  E        one GPU: Llama-3.1-8B + Llama-3.2-1B at synthetic acceptance 0.6 (a third baseline start, K 2,4,1,3,8,6)
+  E-qwen   the same for Qwen3-8B + Qwen3-0.6B;  E-coder: Qwen2.5-Coder-32B + 7B at 0.6, K 3, 2, 4, 1
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
 """
@@ -61,6 +63,8 @@ def _vocab(name: str) -> int:
 
 def engine(target: str, draft: str | None, k: int, tp: int = 1, *, memory_only=False, **over) -> dict:
     tag = f"{target}-base" if not k else f"{target}-{draft}-k{k}"
+    if k and over.get("acceptance", MEASURE["acceptance"]) != MEASURE["acceptance"]:
+        tag += f"-a{over['acceptance']}"  # another synthetic rate: its own table at ingest
     spec = dict(MEASURE, id=f"{tag}-tp{tp}", target=target, draft=draft, target_dir=_dir(target),
                 draft_dir=_dir(draft) if draft else None, k=k, tp=tp, vocab_size=_vocab(target),
                 max_num_seqs=max(MEASURE["batches"]))
@@ -75,12 +79,12 @@ def pair_lane(target: str, draft: str, ks, tp=1, **over) -> list[dict]:
     return [engine(target, None, 0, tp, **over)] + [engine(target, draft, k, tp, **over) for k in ks]
 
 
-def _restarts(target: str, draft: str, ks, tp=1, **over) -> list[dict]:
-    """The same engines again in new processes (ids end in -r2): ingest pools them with the first starts."""
+def _restarts(target: str, draft: str, ks, tp=1, suffix="-r2", **over) -> list[dict]:
+    """The same engines again in new processes (ids end in -r2, -r3): ingest pools them with the first starts."""
     out = []
     for k in ks:
         e = engine(target, draft if k else None, k, tp, **over)
-        out.append(dict(e, id=e["id"] + "-r2"))
+        out.append(dict(e, id=e["id"] + suffix))
     return out
 
 
@@ -122,6 +126,13 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         "R": [("gpu0", "0", 60, [engine(l8, l1, k) for k in (4, 8)])],
         "D": [("gpu0", "0", 120, pair_lane(c32, c7, [4, 2, 3, 6, 1, 8]) + _restarts(c32, c7, (0, 4, 2)))],
         "R2": [("gpu0", "0", 60, _restarts(l8, l1, (0, 1, 2)) + _restarts(q8, q06, (0, 1, 2)))],
+        # Acceptance 0.6 (the issue's second rate), with a baseline started in the same call: per-repeat step
+        # counts throughout, so these rows also re-measure the 8B pairs' noisy step costs.
+        "E": [("gpu0", "0", 90, _restarts(l8, l1, (0,), suffix="-r3")
+               + [engine(l8, l1, k, acceptance=0.6) for k in (2, 4, 1, 3, 8, 6)])],
+        "E-qwen": [("gpu0", "0", 90, _restarts(q8, q06, (0,), suffix="-r3")
+                    + [engine(q8, q06, k, acceptance=0.6) for k in (2, 4, 1, 3, 8, 6)])],
+        "E-coder": [("gpu0", "0", 90, [engine(c32, c7, k, acceptance=0.6) for k in (3, 2, 4, 1)])],
         "A-llama": [("gpu0", "0", 90, pair_lane(l8, l1, ks))],
         "A-qwen": [("gpu0", "0", 90, pair_lane(q8, q06, ks))],
         "B": [("tp2", "0,1", 150, [engine(l70, None, 0, 2, **big), engine(l70, l1, 4, 2, **big),

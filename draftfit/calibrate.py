@@ -166,6 +166,9 @@ def write_campaign_configs(names=None, root: Path = CONFIGS_DIR) -> list[Path]:
 # Step-cost tables
 # ---------------------------------------------------------------------------------------------------
 
+DEFAULT_ACCEPTANCE = 0.8  # the campaign's main synthetic rate; other rates get their own table file
+
+
 @dataclass
 class CalibrationTable:
     target: str
@@ -175,7 +178,7 @@ class CalibrationTable:
     path: str = ""
     gpu_name: str = ""
     vllm_version: str = ""
-    acceptance: float = 0.8
+    acceptance: float = DEFAULT_ACCEPTANCE
     baseline: dict = field(default_factory=dict)  # batch(str) -> {tpot_ms, step_ms}
     spec: dict = field(default_factory=dict)  # K(str) -> batch(str) -> {tpot_ms, step_ms, ...}
     memory: dict = field(default_factory=dict)
@@ -188,6 +191,11 @@ class CalibrationTable:
         d.pop("path")
         d["schema"] = 1
         return d
+
+    @property
+    def configuration(self) -> str:
+        """The layout id shared by its tables at every synthetic rate (grouping for cross-validation)."""
+        return f"{self.target}+{self.draft}@{self.gpu}/tp{self.tp}"
 
     @property
     def ks(self) -> list[int]:
@@ -277,8 +285,9 @@ def gpu_key(gpu_name: str) -> str:
     return slug(name) or "unknown"
 
 
-def table_filename(target: str, draft: str, gpu: str, tp: int) -> str:
-    return f"{slug(target)}__{slug(draft)}__{slug(gpu)}__tp{tp}.json"
+def table_filename(target: str, draft: str, gpu: str, tp: int, acceptance: float = DEFAULT_ACCEPTANCE) -> str:
+    rate = "" if float(acceptance) == DEFAULT_ACCEPTANCE else f"__a{float(acceptance):g}"
+    return f"{slug(target)}__{slug(draft)}__{slug(gpu)}__tp{tp}{rate}.json"
 
 
 def load_table(path: Path) -> CalibrationTable:
@@ -302,12 +311,16 @@ def load_tables(directory: Path | None = None) -> list[CalibrationTable]:
 
 
 def find_table(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None):
-    """The calibration table for this layout, or None. Names and GPUs match loosely."""
-    for t in load_tables(directory):
-        if (_norm(t.target) == _norm(target) and _norm(t.draft) == _norm(draft) and int(t.tp) == int(tp)
-                and (_norm(t.gpu) in _norm(gpu) or _norm(gpu) in _norm(t.gpu))):
-            return t
-    return None
+    """The calibration table for this layout, or None. Names and GPUs match loosely. Where the layout was
+    measured at several synthetic rates (one table each), the one with the most (K, batch) rows, the main
+    rate on a tie: step costs do not depend on the rate, the shown measured speedups do."""
+    hits = [t for t in load_tables(directory)
+            if (_norm(t.target) == _norm(target) and _norm(t.draft) == _norm(draft) and int(t.tp) == int(tp)
+                and (_norm(t.gpu) in _norm(gpu) or _norm(gpu) in _norm(t.gpu)))]
+    if not hits:
+        return None
+    return max(hits, key=lambda t: (sum(len(rows) for rows in t.spec.values()),
+                                    float(t.acceptance) == DEFAULT_ACCEPTANCE))
 
 
 def _row_from_result(batch_row: dict, batch: int = 1) -> dict | None:
@@ -381,22 +394,23 @@ def tables_from_results(results: list[dict], *, command: str = "") -> list[Calib
         if int(res.get("k") or 0) == 0:
             dest = baselines.setdefault((target, gpu, tp), {})
         else:
-            key = (target, draft, gpu, tp)
+            # One table per synthetic rate: the counters (steps, drain) and the measured speedup depend on it.
+            key = (target, draft, gpu, tp, float(res.get("acceptance", DEFAULT_ACCEPTANCE)))
             dest = spec_rows.setdefault(key, {}).setdefault(str(res["k"]), {})
             meta[key] = {"gpu_name": res.get("gpu_name", ""), "vllm_version": res.get("vllm_version", ""),
-                         "acceptance": res.get("acceptance", 0.8), "synthetic": spec.get("synthetic", True)}
+                         "synthetic": spec.get("synthetic", True)}
         for b, r in rows.items():
             dest.setdefault(b, []).append(r)
         memory.setdefault((target, gpu, tp), {})[spec.get("id", f"{target}-{draft}-k{res.get('k')}")] = \
             res.get("memory_lines", [])
     tables = []
-    for (target, draft, gpu, tp), per_k_lists in spec_rows.items():
+    for (target, draft, gpu, tp, acceptance), per_k_lists in spec_rows.items():
         base = {b: _pool_rows(rs) for b, rs in baselines.get((target, gpu, tp), {}).items()}
         per_k = {k: {b: _pool_rows(rs) for b, rs in by_b.items()} for k, by_b in per_k_lists.items()}
-        m = meta[(target, draft, gpu, tp)]
+        m = meta[(target, draft, gpu, tp, acceptance)]
         tables.append(CalibrationTable(
             target=target, draft=draft, gpu=gpu, tp=tp, gpu_name=m["gpu_name"], vllm_version=m["vllm_version"],
-            acceptance=m["acceptance"], baseline=base, spec=per_k,
+            acceptance=acceptance, baseline=base, spec=per_k,
             memory={k: v for k, v in memory.get((target, gpu, tp), {}).items()},
             provenance={"command": command, "created_unix": round(time.time()), "synthetic": m["synthetic"],
                         "method": "vLLM offline, load_format=dummy, synthetic rejection sampling; "
@@ -418,7 +432,7 @@ def _shape(name: str) -> dict:
 def write_table(table: CalibrationTable, directory: Path | None = None) -> Path:
     directory = Path(directory or CALIBRATION_DIR)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / table_filename(table.target, table.draft, table.gpu, table.tp)
+    path = directory / table_filename(table.target, table.draft, table.gpu, table.tp, table.acceptance)
     if path.exists():  # merge: a later campaign may add K values or batch sizes
         old = load_table(path)
         for b, row in old.baseline.items():

@@ -202,7 +202,9 @@ def run_engine(spec: dict, out_path: str) -> dict:
                "prompt_len": prompt_len, "counters": deltas[-1] if deltas else {},
                # Per repeat: drafts (= request-steps) and engine steps, to pair each timing with its own steps.
                "drafts_per_repeat": [d.get("vllm:spec_decode_num_drafts") for d in deltas],
-               "engine_steps_per_repeat": [d.get("engine_steps") for d in deltas]}
+               "engine_steps_per_repeat": [d.get("engine_steps") for d in deltas],
+               # Host load while timing: the host-bound (small-draft) rows vary with it between engine starts.
+               "loadavg_1m": round(os.getloadavg()[0], 2)}
         if k > 0 and deltas:
             drafts = statistics.median(d.get("vllm:spec_decode_num_drafts", 0) for d in deltas)
             accepted = statistics.median(d.get("vllm:spec_decode_num_accepted_tokens", 0) for d in deltas)

@@ -191,6 +191,14 @@ def draft_layer_ms(overheads: dict, tp: int) -> float:
     return overheads[host_term(tp)]
 
 
+def draft_passes_ms(k: int, roofline_ms: float, num_layers: int, layer_ms: float) -> float:
+    """K draft passes. vLLM launches the first (propose(), before its loop) right behind the target's verify
+    pass, so its host time hides under the verify still running on the GPU; the K-1 loop passes have nothing
+    to hide behind and each costs draft_pass_ms. Measured: K=1 adds about the same to an 8B target's step
+    with a 16-layer and a 28-layer draft, each further pass about 2x more with the 28-layer one."""
+    return roofline_ms + (k - 1) * draft_pass_ms(roofline_ms, num_layers, layer_ms)
+
+
 def draft_pass_ms(roofline_ms: float, num_layers: int, layer_ms: float) -> float:
     """One draft forward pass: the GPU's roofline time or the host's launch time, whichever is longer."""
     return max(roofline_ms, num_layers * layer_ms)
@@ -201,14 +209,15 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
     base = forward_ms(target, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
         + ov["plain_ms"] + ov["plain_seq_ms"] * batch
-    draft_fwd = draft_pass_ms(forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp),
-                              draft.num_layers, draft_layer_ms(ov, tp)) + batch * ov["draft_seq_ms"]
+    draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) + batch * ov["draft_seq_ms"]
     spec, verify = {}, {}
     for k in k_values:
         eager = (target.num_layers + draft.num_layers) * ov["eager_layer_ms"] if graph_miss(batch, k) else 0.0
         verify[k] = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp) \
             + eager
-        spec[k] = verify[k] + k * draft_fwd + ov["spec_ms"] + ov["spec_seq_ms"] * batch
+        spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) \
+            + k * batch * ov["draft_seq_ms"] + ov["spec_ms"] + ov["spec_seq_ms"] * batch
     fixed = ov["spec_ms"] + ov["spec_seq_ms"] * batch
     return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=draft_fwd,
                     c=draft_fwd / base, spec_overhead_ms=fixed - ov["plain_ms"] - ov["plain_seq_ms"] * batch,
@@ -344,7 +353,7 @@ def calibration_points(tables, *, overheads: dict | None = None):
             target, draft, gpu = model_spec(t.target), model_spec(t.draft), gpu_spec(t.gpu)
         except DraftfitError:
             continue
-        group = f"{t.target}+{t.draft}@{t.gpu}/tp{t.tp}"
+        group = t.configuration
         for b in t.batches:
             for k in t.ks:
                 measured, step = t.speedup(k, b), t.spec_step_ms(k, b)
@@ -367,7 +376,8 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
     squares on measured minus roofline step costs, relative to the measured step (the error that matters is
     relative):
       plain step:       gap = plain_ms + batch x plain_seq_ms
-      speculative step: step - verify = K x max(draft roofline, draft layers x draft_layer_(mp_)ms)
+      speculative step: step - verify = draft roofline
+                              + (K - 1) x max(draft roofline, draft layers x draft_layer_(mp_)ms)
                               + spec_ms + batch x spec_seq_ms + K x batch x draft_seq_ms
                               + [graph miss] x (target + draft layers) x eager_layer_ms
     All coefficients are kept non-negative; the max() makes the fit piecewise linear (_fit_spec_terms).
@@ -422,8 +432,8 @@ class _SpecSample:
 
 
 def _fit_spec_terms(samples: list, host: dict) -> dict:
-    """SPEC_TERMS and the per-layer host costs by non-negative least squares. A draft pass is
-    max(roofline, layers x host cost): linear in the host cost on the samples where the host binds, so
+    """SPEC_TERMS and the per-layer host costs by non-negative least squares. A draft loop pass is
+    max(roofline, layers x host cost) (draft_passes_ms): linear in the host cost where the host binds, so
     alternate between choosing the binding side per sample and solving the linear problem until the choice
     is stable (from the prior and two other starts; the smallest squared relative error wins). A term that
     no sample exercises keeps its prior (left out of the fit)."""
@@ -434,8 +444,9 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
         rows, gaps = [], []
         for s in samples:
             host_bound = s.layers * h[s.host] > s.draft_roofline_ms
-            fixed = s.verify_ms + (0.0 if host_bound else s.k * s.draft_roofline_ms)
-            host_cols = [float(s.k * s.layers) if host_bound and s.host == t else 0.0 for t in host_terms]
+            loop = s.k - 1  # draft_passes_ms: the first pass costs its roofline
+            fixed = s.verify_ms + s.draft_roofline_ms + (0.0 if host_bound else loop * s.draft_roofline_ms)
+            host_cols = [float(loop * s.layers) if host_bound and s.host == t else 0.0 for t in host_terms]
             rows.append([f * s.w for f in list(s.features) + host_cols])
             gaps.append((s.step_ms - fixed) * s.w)
         used = [j for j in range(len(terms)) if any(r[j] for r in rows)]
@@ -445,7 +456,7 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
     def sse(coef: dict, h: dict) -> float:
         total = 0.0
         for s in samples:
-            pred = s.verify_ms + s.k * draft_pass_ms(s.draft_roofline_ms, s.layers, h[s.host]) \
+            pred = s.verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[s.host]) \
                 + sum(coef.get(t, 0.0) * f for t, f in zip(SPEC_TERMS, s.features))
             total += ((s.step_ms - pred) * s.w) ** 2
         return total

@@ -125,3 +125,23 @@ def test_two_engine_starts_of_one_configuration_are_pooled():
     assert row["engine_spread"] == pytest.approx(0.25) and row["repeats"] == 4
     assert row["repeat_spread"] == pytest.approx(0.2)
     assert t.baseline["1"]["tpot_ms"] == 5.0 and "engines" not in t.baseline["1"]
+
+
+def test_each_synthetic_rate_gets_its_own_table_with_the_shared_baseline(tmp_path):
+    from draftfit.calibrate import find_table, write_table
+
+    def engine(k, rate, steps):
+        return {"status": "ok", "k": k, "acceptance": rate, "gpu_name": "NVIDIA H200", "vllm_version": "0.26.0",
+                "spec": {"target": "Llama-3.1-8B", "draft": "Llama-3.2-1B", "tp": 1, "id": f"k{k}-a{rate}"},
+                "batches": {"1": {"tpot_ms": 6.0, "step_ms": 6.0 * 95 / steps, "steps": steps, "max_tokens": 96}}}
+
+    base = {"status": "ok", "k": 0, "gpu_name": "NVIDIA H200", "spec": {"target": "Llama-3.1-8B", "tp": 1},
+            "batches": {"1": {"tpot_ms": 5.0, "step_ms": 5.0, "steps": 95, "max_tokens": 96}}}
+    tables = tables_from_results([base, engine(2, 0.8, 39.0), engine(4, 0.8, 29.0), engine(2, 0.6, 48.0)])
+    by_rate = {t.acceptance: t for t in tables}
+    assert sorted(by_rate) == [0.6, 0.8] and by_rate[0.6].ks == [2] and by_rate[0.8].ks == [2, 4]
+    assert by_rate[0.6].baseline == by_rate[0.8].baseline
+    assert by_rate[0.6].configuration == by_rate[0.8].configuration  # held out together
+    names = sorted(write_table(t, tmp_path).name for t in tables)
+    assert names == ["Llama-3.1-8B__Llama-3.2-1B__H200__tp1.json", "Llama-3.1-8B__Llama-3.2-1B__H200__tp1__a0.6.json"]
+    assert find_table("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1, tmp_path).acceptance == 0.8

@@ -332,6 +332,36 @@ def test_draft_pass_costs_the_larger_of_gpu_and_host_time():
     assert pass_ms(0.25) == pytest.approx(d.num_layers * 0.25)  # host-bound: 7 ms, the GPU time hidden
 
 
+def test_only_the_loop_passes_pay_the_host_launch_time():
+    """vLLM launches the first draft pass right behind the target's verify (its host time hides under the
+    GPU's verify); only the K-1 passes of propose()'s loop pay layers x host cost. The shipped tables show
+    it: K=1 adds about the same with the 16-layer Llama-3.2-1B and the 28-layer Qwen3-0.6B, the next passes
+    cost far more with the 28-layer one."""
+    from draftfit.calibrate import find_table
+    from draftfit.stepcost import draft_passes_ms, forward_ms, gpu_spec, model_spec, prior_step_cost
+
+    t, d, g = model_spec("Llama-3.1-8B"), model_spec("Llama-3.2-1B"), gpu_spec("H200")
+    roof = forward_ms(d, g, batch=1, tokens_per_seq=1, context_len=112)
+    assert draft_passes_ms(1, roof, d.num_layers, 0.2) == pytest.approx(roof)
+    assert draft_passes_ms(3, roof, d.num_layers, 0.2) == pytest.approx(roof + 2 * d.num_layers * 0.2)
+
+    def spec_ms(layer_ms, k):
+        return prior_step_cost(t, d, g, batch=1, k_values=[k], context_len=112,
+                               overheads={"draft_layer_ms": layer_ms}).spec_step_ms[k]
+
+    assert spec_ms(0.2, 1) == pytest.approx(spec_ms(0.5, 1))  # K=1: no loop pass
+    assert spec_ms(0.5, 2) - spec_ms(0.2, 2) == pytest.approx(0.3 * d.num_layers)
+
+    added = {}  # K=1 step minus the plain step, and the cost of each further pass, at batch 1 (ms)
+    for target, draft in [("Llama-3.1-8B", "Llama-3.2-1B"), ("Qwen3-8B", "Qwen3-0.6B")]:
+        table = find_table(target, draft, "H200", 1)
+        k1, k8 = table.spec_step_ms(1, 1), table.spec_step_ms(8, 1)
+        added[draft] = (k1 - table.baseline["1"]["step_ms"], (k8 - k1) / 7)
+    (first_1b, loop_1b), (first_06b, loop_06b) = added["Llama-3.2-1B"], added["Qwen3-0.6B"]
+    assert abs(first_06b / first_1b - 1) < 0.25  # the first pass does not scale with the draft's layers
+    assert loop_06b / loop_1b > 28 / 16 * 0.9  # the loop passes do (and then some)
+
+
 def test_verify_loses_cuda_graphs_above_capture_size():
     from draftfit.stepcost import CUDAGRAPH_MAX_TOKENS, gpu_spec, graph_miss, model_spec, prior_step_cost
 

@@ -70,7 +70,20 @@ def evaluate(tables) -> dict:
         for held in held_tables:
             _score_held_out(held, overheads, corrector, cases, best_cases)
     return {"cases": cases, "best": best_cases, "cross_rate": _cross_rate_step_ratios(by_pair),
+            "loop_ms": _loop_pass_ms_per_layer(tables),
             "n_pairs": len(by_pair), "rates": sorted({t.acceptance for t in tables})}
+
+
+def _loop_pass_ms_per_layer(tables) -> dict:
+    """{draft: [ms per draft layer of one further pass at batch 1, per table]} from K=1 and K=8."""
+    from draftfit.stepcost import model_spec
+
+    out: dict = {}
+    for t in tables:
+        s1, s8 = t.spec_step_ms(1, 1), t.spec_step_ms(8, 1)
+        if s1 and s8:
+            out.setdefault(t.draft, []).append((s8 - s1) / 7 / model_spec(t.draft).num_layers)
+    return out
 
 
 def _cross_rate_step_ratios(by_pair: dict) -> list[float]:
@@ -160,6 +173,7 @@ def summarize(result: dict) -> dict:
     multi = [b for b in best if b["n_k"] > 1]
     cross = [abs(r - 1) for r in result.get("cross_rate", [])]
     return {"n": len(cases), "n_pairs": result.get("n_pairs"), "rates": result.get("rates", []),
+            "loop_ms": result.get("loop_ms", {}),
             "n_cross": len(cross), "cross_within15": within(cross),
             "cross_median": sorted(cross)[len(cross) // 2] if cross else None, "mape_draftfit": mean(e_d), "mape_leviathan": mean(e_l),
             "mape_roofline": mean(e_r), "within15_roofline": within(e_r), "within15_draftfit": within(e_d),
@@ -181,8 +195,13 @@ def summarize(result: dict) -> dict:
             # gives the same advice: run without speculation.
             "bestk_multi_dont": sum(1 for b in multi if not b["ok"] and b["s_measured"] < NO_SPECULATION_BELOW
                                     and b["p_best"] < NO_SPECULATION_BELOW),
-            "per_config": {cfg: mean([abs(c["draftfit"] / c["measured"] - 1) for c in cases if c["config"] == cfg])
+            "per_config": {cfg: _config_errors([c["draftfit"] / c["measured"] - 1 for c in cases if c["config"] == cfg])
                            for cfg in sorted({c["config"] for c in cases})}}
+
+
+def _config_errors(signed: list) -> dict:
+    return {"mean": sum(map(abs, signed)) / len(signed), "bias": sum(signed) / len(signed),
+            "within15": sum(abs(e) <= 0.15 for e in signed) / len(signed), "n": len(signed)}
 
 
 def _restarted_configs(cases) -> list[str]:
@@ -247,8 +266,13 @@ def render(result: dict, summary: dict) -> str:
              f"{s['within15_leviathan']:.0%}", f"{s['bestk_ok_leviathan']:.0%} of {s['n_best']}"],
         ]),
         "",
-        "Per held-out configuration (draftfit vs measured): "
-        + ", ".join(f"{cfg} {e:.0%}" for cfg, e in s["per_config"].items()) + ".",
+        "Per held-out configuration (draftfit vs measured: mean abs error, mean signed error, share within 15 %): "
+        + ", ".join(f"{cfg} {e['mean']:.0%} / {e['bias']:+.0%} / {e['within15']:.0%} of {e['n']}"
+                    for cfg, e in s["per_config"].items()) + ". "
+        "Measured cost of one further draft pass per draft layer at batch 1 ((step at K=8 - step at K=1) / 7 / "
+        "layers): " + ", ".join(f"{d} {' / '.join(f'{v:.2f}' for v in vs)} ms" for d, vs in s["loop_ms"].items())
+        + ". A draft whose layers cost more than those the fit learns from (held out, Qwen3-0.6B) is predicted "
+        "too fast; a calibrated table of the pair (`draftfit calibrate`) replaces the prior.",
         "",
         "Best-K cases of a configuration with a single measured K are trivially right; with 2+ measured K, "
         f"draftfit's advice (its best K, or no speculation where it predicts below {NO_SPECULATION_BELOW}x; "

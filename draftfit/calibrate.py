@@ -198,6 +198,18 @@ class CalibrationTable:
         return f"{self.target}+{self.draft}@{self.gpu}/tp{self.tp}"
 
     @property
+    def step_band(self) -> float:
+        """Relative band of this table's step costs: the median spread between the fastest and slowest timed
+        repeat of its speculative rows, never below the floor a quiet configuration shows. The repeats'
+        spread predicts what a restart changes: 0.07 for the 32B pair (its restarts: at most 0.06), 0.17-0.31
+        and 0.34-0.45 for the host-bound 8B pairs' tables (their restarts: median 0.19 and 0.22)."""
+        from draftfit.stepcost import CALIBRATED_UNCERTAINTY
+
+        spreads = sorted(r["repeat_spread"] for rows in self.spec.values() for r in rows.values()
+                         if r.get("repeat_spread") is not None)
+        return max(CALIBRATED_UNCERTAINTY, spreads[len(spreads) // 2] if spreads else 0.0)
+
+    @property
     def ks(self) -> list[int]:
         return sorted(int(k) for k in self.spec)
 

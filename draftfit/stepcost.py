@@ -56,9 +56,10 @@ DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, nex
 CUDAGRAPH_MAX_TOKENS = 512
 EAGER_LAYER_MS = 0.4
 # Relative bands. Roofline prior: the 80th percentile of its leave-one-configuration-out error on the H200
-# tables (bench/speedup.py: 25.5 % over 80 points). Calibrated: two engine starts of one configuration
-# differed by at most 6 % on 15 of 20 points (the rest are host-bound 8B pairs at 20-35 %). Both checked
-# against the shipped tables by tests/test_speedup.py.
+# tables (bench/speedup.py). Calibrated: the floor of CalibrationTable.step_band, what two engine starts of
+# the quiet 32B pair differed by (at most 6 %); a table whose repeats spread more gets its median repeat
+# spread (the host-bound 8B pairs' tables: 17-45 %). Both checked against the shipped tables by
+# tests/test_speedup.py.
 PRIOR_UNCERTAINTY = 0.25
 CALIBRATED_UNCERTAINTY = 0.06
 
@@ -288,7 +289,7 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
     base *= scale
     # b: cost of one more drafted token (a draft pass plus the verify's extra token); a - base: the fixed
     # extra cost of a speculative step over a plain one.
-    unc = CALIBRATED_UNCERTAINTY * (1 if anchor == batch else 2)
+    unc = table.step_band * (1 if anchor == batch else 2)
     return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=b * scale,
                     c=(b * scale) / base, spec_overhead_ms=(a * scale) - base,
                     source=f"calibrated:{table.path.split('/')[-1] if table.path else table.target}",

@@ -392,8 +392,9 @@ def test_one_loop_serves_training_and_the_benchmark(tmp_path):
 
 
 def test_bands_match_the_measured_spread():
-    """The prior's band covers ~80 % of held-out errors and the calibrated band ~75 % of restart-to-restart
-    differences on the shipped H200 tables, so a printed band means what it says."""
+    """The prior's band covers ~80 % of held-out errors and each table's calibrated band most (56 of 68) of
+    its restart-to-restart differences (pooled starts, and the same step at two synthetic rates) on the
+    shipped H200 tables, so a printed band means what it says."""
     spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "bench" / "speedup.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -404,6 +405,16 @@ def test_bands_match_the_measured_spread():
     assert len(cases) >= 40
     held_out = [abs(c["draftfit"] / c["measured"] - 1) for c in cases]
     assert 0.7 <= sum(e <= PRIOR_UNCERTAINTY for e in held_out) / len(held_out) <= 0.9
-    restarts = [c["engine_spread"] for c in cases if c.get("engine_spread") is not None]
-    assert len(restarts) >= 10
-    assert 0.6 <= sum(r <= CALIBRATED_UNCERTAINTY for r in restarts) / len(restarts) <= 0.9
+    covered = []
+    by_config: dict = {}
+    for t in load_tables():
+        by_config.setdefault(t.configuration, []).append(t)
+    for tables in by_config.values():
+        band = max(t.step_band for t in tables)
+        diffs = [r["engine_spread"] for t in tables for rows in t.spec.values() for r in rows.values()
+                 if r.get("engine_spread") is not None]
+        diffs += [abs(x - 1) for x in bench._cross_rate_step_ratios({"c": tables})]
+        covered += [d <= band for d in diffs]
+        assert band >= CALIBRATED_UNCERTAINTY
+    assert len(covered) >= 40
+    assert 0.55 <= sum(covered) / len(covered) <= 0.9

@@ -253,9 +253,9 @@ def render(result: dict, summary: dict) -> str:
         f"batch x (K+1) > 512 tokens misses the CUDA graphs), "
         f"fitted on the other configurations' steady-state step costs. The learned correction is "
         f"applied only where it beat the roofline in a leave-one-out inside the training configurations "
-        f"({s['corrected_configs']} of {len(s['per_config'])} held-out configurations).",
+        f"({s['corrected_configs']} of {len(s['per_config'])} held-out tables).",
         "",
-        markdown_table(["", "mean abs error", "within 15 %", "best K ok"], [
+        markdown_table(["", "mean abs error", "within 15 %", "best K ok (the K alone)"], [
             ["draftfit vs measured", f"{s['mape_draftfit']:.1%}",
              f"{s['within15_draftfit']:.0%}", f"{s['bestk_ok']:.0%} of {s['n_best']}"],
             [f"draftfit vs measured, {s['n_quiet']} points whose repeats agree within {NOISY:.0%}",

@@ -322,17 +322,59 @@ def load_tables(directory: Path | None = None) -> list[CalibrationTable]:
     return out
 
 
-def find_table(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None):
-    """The calibration table for this layout, or None. Names and GPUs match loosely. Where the layout was
-    measured at several synthetic rates (one table each), the one with the most (K, batch) rows, the main
-    rate on a tie: step costs do not depend on the rate, the shown measured speedups do."""
+def find_tables(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None) -> list:
+    """Every calibration table of this layout (one per synthetic rate), the richest first: the most
+    (K, batch) rows, the main rate on a tie. Names and GPUs match loosely."""
     hits = [t for t in load_tables(directory)
             if (_norm(t.target) == _norm(target) and _norm(t.draft) == _norm(draft) and int(t.tp) == int(tp)
                 and (_norm(t.gpu) in _norm(gpu) or _norm(gpu) in _norm(t.gpu)))]
-    if not hits:
-        return None
-    return max(hits, key=lambda t: (sum(len(rows) for rows in t.spec.values()),
-                                    float(t.acceptance) == DEFAULT_ACCEPTANCE))
+    return sorted(hits, key=lambda t: (sum(len(rows) for rows in t.spec.values()),
+                                       float(t.acceptance) == DEFAULT_ACCEPTANCE), reverse=True)
+
+
+def find_table(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None):
+    """The richest calibration table for this layout (see find_tables), or None: the one whose measured
+    speedups draftfit shows beside its predictions."""
+    hits = find_tables(target, draft, gpu, tp, directory)
+    return hits[0] if hits else None
+
+
+@dataclass
+class PooledSteps:
+    """The tables of one layout at several synthetic rates read as one for step costs: the rate changes the
+    counters and the measured speedup, not the cost of a step, so each (K, batch) step is the mean over
+    the tables (separate engine starts) that measured it. Quacks like a CalibrationTable for
+    stepcost.calibrated_step_cost."""
+
+    tables: list  # find_tables order: the first one's baseline (shared by all) and name are used
+
+    @property
+    def target(self) -> str:
+        return self.tables[0].target
+
+    @property
+    def path(self) -> str:
+        return " + ".join(Path(t.path).name for t in self.tables if t.path)
+
+    @property
+    def baseline(self) -> dict:
+        return self.tables[0].baseline
+
+    @property
+    def spec(self) -> dict:
+        out: dict = {}
+        for t in reversed(self.tables):
+            for k, rows in t.spec.items():
+                out.setdefault(k, {}).update(rows)
+        return out
+
+    @property
+    def step_band(self) -> float:
+        return max(t.step_band for t in self.tables)
+
+    def spec_step_ms(self, k: int, batch: int) -> float | None:
+        steps = [s for s in (t.spec_step_ms(k, batch) for t in self.tables) if s]
+        return sum(steps) / len(steps) if steps else None
 
 
 def _row_from_result(batch_row: dict, batch: int = 1) -> dict | None:

@@ -298,11 +298,12 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
 
 def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
                     context_len: int = 1024, calibration_dir=None) -> StepCostModel:
-    from draftfit.calibrate import find_table
+    from draftfit.calibrate import PooledSteps, find_tables
 
     t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
     ks = list(k_values)
-    table = find_table(t.name, d.name, g.name, tp, calibration_dir)
+    tables = find_tables(t.name, d.name, g.name, tp, calibration_dir)
+    table = PooledSteps(tables) if tables else None
     per_batch, notes = {}, []
     for b in batches:
         sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len) \

@@ -145,3 +145,11 @@ def test_each_synthetic_rate_gets_its_own_table_with_the_shared_baseline(tmp_pat
     names = sorted(write_table(t, tmp_path).name for t in tables)
     assert names == ["Llama-3.1-8B__Llama-3.2-1B__H200__tp1.json", "Llama-3.1-8B__Llama-3.2-1B__H200__tp1__a0.6.json"]
     assert find_table("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1, tmp_path).acceptance == 0.8
+    # Step costs read both tables: the mean of the two engine starts where both measured the (K, batch).
+    from draftfit.calibrate import PooledSteps, find_tables
+
+    pooled = PooledSteps(find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1, tmp_path))
+    assert pooled.spec_step_ms(2, 1) == pytest.approx(
+        (by_rate[0.8].spec_step_ms(2, 1) + by_rate[0.6].spec_step_ms(2, 1)) / 2)
+    assert pooled.spec_step_ms(4, 1) == pytest.approx(by_rate[0.8].spec_step_ms(4, 1))
+    assert sorted(pooled.spec) == ["2", "4"] and pooled.baseline == by_rate[0.8].baseline

@@ -190,6 +190,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, help="override timed repeats per batch size")
     ap.add_argument("--batches", help="override batch sizes, e.g. 1,8,32,128")
     ap.add_argument("--skip", default="", help="engine ids to leave out (finished by an earlier call)")
+    ap.add_argument("--gpu-trace", action="store_true",
+                    help="sample the SM clock, power and utilisation (nvidia-smi, 200 ms) beside the repeats")
     args = ap.parse_args(argv)
     t0 = time.time()
     for key, val in ENV.items():
@@ -211,6 +213,8 @@ def main(argv=None) -> int:
                     c["max_tokens"] = args.max_tokens
                 if args.repeats:
                     c["repeats"] = args.repeats
+                if args.gpu_trace:
+                    c["gpu_trace"] = True
                 if args.batches:
                     c["batches"] = [int(b) for b in args.batches.split(",")]
                     c["max_num_seqs"] = None if c.get("memory_only") else max(c["batches"])

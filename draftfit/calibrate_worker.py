@@ -23,6 +23,7 @@ Timing per batch size B (prompts of `prompt_len` tokens, `ignore_eos`, prefix ca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -94,6 +95,60 @@ def _delta(after: dict, before: dict) -> dict:
         else:
             d[key] = val - before.get(key, 0)
     return d
+
+
+class GpuTrace:
+    """nvidia-smi sampling the SM clock, power and utilisation beside the timed repeats (opt-in: spec
+    `gpu_trace`), to tell a GPU clock drop from host interference when repeats disagree. Samples are
+    (unix time, sm MHz, W, util %); no nvidia-smi (CPU runs) gives no samples."""
+
+    QUERY = "--query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu"
+    text = ""
+
+    def __init__(self, period_ms: int = 200):
+        self.period_ms, self.proc = period_ms, None
+
+    def __enter__(self):
+        try:
+            # nvidia-smi counts physical GPUs: the lane's first visible one is the engine's.
+            gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+            self.proc = subprocess.Popen(["nvidia-smi", self.QUERY, "--format=csv,noheader,nounits",
+                                          "-lms", str(self.period_ms), "-i", gpu],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.text = self.proc.communicate(timeout=5)[0]
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return False
+
+    def samples(self) -> list:
+        return parse_gpu_trace(self.text)
+
+
+def parse_gpu_trace(text: str) -> list:
+    """Lines 'YYYY/MM/DD HH:MM:SS.mmm, 1980, 310.5, 45' (local time) -> [(unix, 1980.0, 310.5, 45.0)];
+    other lines are skipped."""
+    import datetime
+
+    out = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4:
+            continue
+        try:
+            ts = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f")
+            vals = [float(p) for p in parts[1:]]
+        except ValueError:
+            continue
+        out.append((round(ts.timestamp(), 3), *vals))  # nvidia-smi prints local time, as time.time() counts
+    return out
 
 
 def _prompts(batch: int, prompt_len: int, salt: int, vocab: int) -> list[dict]:
@@ -186,16 +241,20 @@ def run_engine(spec: dict, out_path: str) -> dict:
             flush()
             continue
         gen(batch, 8)  # warm-up of this batch's graphs
-        t1s, tms, deltas, toks = [], [], [], []
-        for _ in range(repeats):
-            t1s.append(gen(batch, 1)[0])
-            before = _counters(llm)
-            wall, ntok = gen(batch, max_tokens)
-            deltas.append(_delta(_counters(llm), before))
-            tms.append(wall)
-            toks.append(ntok)
-            if _now() > deadline - 5:
-                break
+        t1s, tms, deltas, toks, spans = [], [], [], [], []
+        trace = GpuTrace() if spec.get("gpu_trace") else None
+        with trace or contextlib.nullcontext():
+            for _ in range(repeats):
+                t1s.append(gen(batch, 1)[0])
+                before = _counters(llm)
+                t_rep = _now()
+                wall, ntok = gen(batch, max_tokens)
+                spans.append((round(t_rep, 3), round(t_rep + wall, 3)))
+                deltas.append(_delta(_counters(llm), before))
+                tms.append(wall)
+                toks.append(ntok)
+                if _now() > deadline - 5:
+                    break
         decode_s = max(statistics.median(tms) - statistics.median(t1s), 1e-9)
         row = {"t1_s": t1s, "tM_s": tms, "tokens": toks, "decode_s": decode_s,
                "tpot_ms": 1000 * decode_s / (max_tokens - 1), "max_tokens": max_tokens,
@@ -204,7 +263,9 @@ def run_engine(spec: dict, out_path: str) -> dict:
                "drafts_per_repeat": [d.get("vllm:spec_decode_num_drafts") for d in deltas],
                "engine_steps_per_repeat": [d.get("engine_steps") for d in deltas],
                # Host load while timing: the host-bound (small-draft) rows vary with it between engine starts.
-               "loadavg_1m": round(os.getloadavg()[0], 2)}
+               "loadavg_1m": round(os.getloadavg()[0], 2), "repeat_spans_unix": spans}
+        if trace:
+            row["gpu_trace"] = trace.samples()
         if k > 0 and deltas:
             drafts = statistics.median(d.get("vllm:spec_decode_num_drafts", 0) for d in deltas)
             accepted = statistics.median(d.get("vllm:spec_decode_num_accepted_tokens", 0) for d in deltas)

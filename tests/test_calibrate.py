@@ -195,3 +195,15 @@ def test_each_repeat_is_divided_by_its_own_step_count():
     assert row8["steps"] == pytest.approx(statistics.mean(entry["result"]["batches"]["8"]["drafts_per_repeat"]) / 8)
     old = {k: v for k, v in batch_row.items() if k != "drafts_per_repeat"}
     assert _row_from_result(old, 1)["step_ms"] == batch_row["step_ms"]
+
+
+def test_gpu_trace_parses_nvidia_smi_lines_and_is_empty_without_a_gpu():
+    from draftfit.calibrate_worker import GpuTrace, parse_gpu_trace
+
+    text = "2026/12/01 10:21:38.125, 1980, 310.52, 45\nNo devices were found\n2026/12/01 10:21:38.325, 1755, 120.0, 3\n"
+    samples = parse_gpu_trace(text)
+    assert [s[1:] for s in samples] == [(1980.0, 310.52, 45.0), (1755.0, 120.0, 3.0)]
+    assert samples[1][0] - samples[0][0] == pytest.approx(0.2)
+    with GpuTrace(period_ms=100) as trace:  # this CPU machine has no nvidia-smi: nothing, no error
+        pass
+    assert trace.samples() == [] or all(len(s) == 4 for s in trace.samples())

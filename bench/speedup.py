@@ -91,7 +91,8 @@ def _cross_rate_step_ratios(by_pair: dict) -> list[float]:
     rates, lower rate over higher: separate engine starts, and a rate that should not change the step."""
     ratios = []
     for tables in by_pair.values():
-        for lo, hi in zip(sorted(tables, key=lambda t: t.acceptance), sorted(tables, key=lambda t: t.acceptance)[1:]):
+        by_rate = sorted(tables, key=lambda t: t.acceptance)
+        for lo, hi in zip(by_rate, by_rate[1:]):
             for k in set(lo.ks) & set(hi.ks):
                 for b in set(lo.batches) & set(hi.batches):
                     a, c = lo.spec_step_ms(k, b), hi.spec_step_ms(k, b)

@@ -215,11 +215,8 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
     acc, alpha, acc_lo, acc_hi, acc_src = _acceptance_parts(acceptance)
     model = step_cost_model(target, draft, gpu, batches=batches, k_values=ks, tp=tp, context_len=context_len,
                             calibration_dir=calibration_dir)
-    table = None
-    if model.source.startswith("calibrated"):
-        from draftfit.calibrate import find_table
-
-        table = find_table(model.target, model.draft, model.gpu, tp, calibration_dir)
+    # The richest table the step costs came from: its measured speedups are shown beside the predictions.
+    table = model.tables[0] if model.source.startswith("calibrated") and model.tables else None
     out: dict = {}
     for b in batches:
         sc = model.per_batch[b]

@@ -9,9 +9,10 @@ Two sources, the better one wins:
   cost, where bytes = weights per rank + KV cache read, FLOPs = 2 x params x tokens + attention. A plain
   vLLM decode step adds host overhead per step and per sequence (scheduler, sampler; async scheduling hides
   part of it). A speculative step adds its own per step and per sequence (rejection sampler, proposer
-  bookkeeping, async scheduling switched off with a draft model); each of its K draft passes costs the
-  larger of its roofline and its host time (a cost per draft layer: the drafter replays piecewise CUDA
-  graphs with attention in between, and the GPU runs while the host launches), plus a cost per sequence;
+  bookkeeping, async scheduling switched off with a draft model); its first draft pass costs its roofline
+  (launched while the verify still runs on the GPU), each of the K-1 further passes the larger of its
+  roofline and its host time (a cost per draft layer: the drafter replays piecewise CUDA graphs with
+  attention in between, and the GPU runs while the host launches), and every pass a cost per sequence;
   and when batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify and the draft's first
   pass run eager, a cost per layer. The constants below are priors; `fitted_overheads` refits them from the
   calibration tables (calibration_points is the one loop over measured points that fitting, the learned
@@ -58,8 +59,8 @@ EAGER_LAYER_MS = 0.4
 # Relative bands. Roofline prior: the 80th percentile of its leave-one-configuration-out error on the H200
 # tables (bench/speedup.py: 28 % over 128 points). Calibrated: the floor of CalibrationTable.step_band,
 # what two engine starts of the quiet 32B pair differed by (at most 6 %); a table whose repeats spread more
-# gets its median repeat spread (the host-bound 8B pairs' tables: 17-45 %). Both checked against the shipped tables by
-# tests/test_speedup.py.
+# gets its median repeat spread (the host-bound 8B pairs' tables: 17-45 %). Both checked against the
+# shipped tables by tests/test_speedup.py.
 PRIOR_UNCERTAINTY = 0.28
 CALIBRATED_UNCERTAINTY = 0.06
 
@@ -161,6 +162,7 @@ class StepCostModel:
     source: str  # 'calibrated:<file>' or 'roofline prior'
     per_batch: dict  # batch -> StepCost
     notes: list = field(default_factory=list)
+    tables: list = field(default_factory=list)  # the calibration tables read (calibrate.find_tables order)
 
 
 PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "plain_seq_ms": PLAIN_SEQ_MS,
@@ -320,7 +322,7 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
                      f"{fitted} (±{PRIOR_UNCERTAINTY:.0%})")
     return StepCostModel(target=t.name, draft=d.name, gpu=g.name, tp=tp, context_len=context_len,
                          source=sources.pop() if len(sources) == 1 else "mixed: " + ", ".join(sorted(sources)),
-                         per_batch=per_batch, notes=notes)
+                         per_batch=per_batch, notes=notes, tables=tables)
 
 
 @dataclass

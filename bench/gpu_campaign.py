@@ -25,6 +25,8 @@ Phases (the lead launches each as its own command):
   R2       one GPU: second starts of the 8B pairs' baselines and K=1, K=2
   E        one GPU: Llama-3.1-8B + Llama-3.2-1B at synthetic acceptance 0.6 (a third baseline start, K 2,4,1,3,8,6)
   E-qwen   the same for Qwen3-8B + Qwen3-0.6B;  E-coder: Qwen2.5-Coder-32B + 7B at 0.6, K 3, 2, 4, 1
+  T        one GPU: the 8B pairs' noisy engines again (Qwen K 4, 8; Llama K 6) with --gpu-trace and 7 repeats,
+           plus Qwen K=4 with the engine core in the worker process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
 """
@@ -133,6 +135,14 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         "E-qwen": [("gpu0", "0", 90, _restarts(q8, q06, (0,), suffix="-r3")
                     + [engine(q8, q06, k, acceptance=0.6) for k in (2, 4, 1, 3, 8, 6)])],
         "E-coder": [("gpu0", "0", 90, [engine(c32, c7, k, acceptance=0.6) for k in (3, 2, 4, 1)])],
+        # Why do the 8B pairs' repeats disagree? GPU clock and host counters beside 7 repeats (ids end in -t,
+        # so ingest pools them as further starts), and one engine with its engine core inside the worker
+        # process: if that one is steady, the noise comes from the engine-core process, not the GPU.
+        "T": [("gpu0", "0", 90, _restarts(q8, q06, (4,), suffix="-t", repeats=7, gpu_trace=True)
+               + _restarts(q8, q06, (4,), suffix="-t-inproc", repeats=7, gpu_trace=True,
+                           env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+               + _restarts(l8, l1, (6,), suffix="-t", repeats=7, gpu_trace=True)
+               + _restarts(q8, q06, (8,), suffix="-t", repeats=7, gpu_trace=True))],
         "A-llama": [("gpu0", "0", 90, pair_lane(l8, l1, ks))],
         "A-qwen": [("gpu0", "0", 90, pair_lane(q8, q06, ks))],
         "B": [("tp2", "0,1", 150, [engine(l70, None, 0, 2, **big), engine(l70, l1, 4, 2, **big),

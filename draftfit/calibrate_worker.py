@@ -151,6 +151,71 @@ def parse_gpu_trace(text: str) -> list:
     return out
 
 
+def host_snapshot(root_pid: int | None = None) -> dict:
+    """Host counters for one timed repeat (Linux /proc; {} elsewhere): the system's CPU ticks by kind,
+    steal included (these hosts are VMs, and a host-bound draft loop slows when the hypervisor takes
+    its vCPU), and for this process and its descendants (vLLM's engine core) the CPU ticks, the
+    involuntary context switches and the CPU each last ran on."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+        names = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+        snap = {"cpu_ticks": {n: int(v) for n, v in zip(names, fields)}, "procs": {}}
+        root = root_pid or os.getpid()
+        parent, stat = {}, {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # Fields after the command name: rest[1] ppid, rest[11] utime, rest[12] stime, rest[36] processor.
+            parent[int(pid)] = int(rest[1])
+            stat[int(pid)] = (int(rest[11]) + int(rest[12]), int(rest[36]))
+        family, grew = {root}, True
+        while grew:
+            kids = {p for p, pp in parent.items() if pp in family} - family
+            family |= kids
+            grew = bool(kids)
+        for pid in family:
+            if pid not in stat:
+                continue
+            nvcsw = None
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("nonvoluntary_ctxt_switches"):
+                            nvcsw = int(line.split()[1])
+            except OSError:
+                pass
+            snap["procs"][pid] = {"ticks": stat[pid][0], "cpu": stat[pid][1], "nvcsw": nvcsw}
+        return snap
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
+def host_delta(after: dict, before: dict) -> dict:
+    """One repeat's host counters: seconds by kind (system-wide), and per busy process of the family
+    (> 10 ticks) its CPU seconds, involuntary switches and last CPU."""
+    if not after or not before:
+        return {}
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    ticks = {k: (after["cpu_ticks"][k] - before["cpu_ticks"].get(k, 0)) / hz for k in after["cpu_ticks"]}
+    procs = []
+    for pid, a in after["procs"].items():
+        b = before["procs"].get(pid, {"ticks": 0, "nvcsw": 0})
+        used = a["ticks"] - b["ticks"]
+        if used > 10:
+            procs.append({"pid": pid, "cpu_s": round(used / hz, 2), "cpu": a["cpu"],
+                          "nvcsw": (a["nvcsw"] - (b["nvcsw"] or 0)) if a["nvcsw"] is not None else None})
+    return {"steal_s": round(ticks.get("steal", 0), 3),
+            "busy_s": round(sum(v for k, v in ticks.items() if k not in ("idle", "iowait")), 2),
+            "idle_s": round(ticks.get("idle", 0), 2),
+            "procs": sorted(procs, key=lambda p: -p["cpu_s"])}
+
+
 def _prompts(batch: int, prompt_len: int, salt: int, vocab: int) -> list[dict]:
     # Distinct ids per request and per call; prefix caching is off anyway, this keeps prefill honest.
     hi = max(vocab - 1000, 1000)
@@ -241,15 +306,16 @@ def run_engine(spec: dict, out_path: str) -> dict:
             flush()
             continue
         gen(batch, 8)  # warm-up of this batch's graphs
-        t1s, tms, deltas, toks, spans = [], [], [], [], []
+        t1s, tms, deltas, toks, spans, hosts = [], [], [], [], [], []
         trace = GpuTrace() if spec.get("gpu_trace") else None
         with trace or contextlib.nullcontext():
             for _ in range(repeats):
                 t1s.append(gen(batch, 1)[0])
-                before = _counters(llm)
+                before, host_before = _counters(llm), host_snapshot()
                 t_rep = _now()
                 wall, ntok = gen(batch, max_tokens)
                 spans.append((round(t_rep, 3), round(t_rep + wall, 3)))
+                hosts.append(host_delta(host_snapshot(), host_before))
                 deltas.append(_delta(_counters(llm), before))
                 tms.append(wall)
                 toks.append(ntok)
@@ -263,7 +329,8 @@ def run_engine(spec: dict, out_path: str) -> dict:
                "drafts_per_repeat": [d.get("vllm:spec_decode_num_drafts") for d in deltas],
                "engine_steps_per_repeat": [d.get("engine_steps") for d in deltas],
                # Host load while timing: the host-bound (small-draft) rows vary with it between engine starts.
-               "loadavg_1m": round(os.getloadavg()[0], 2), "repeat_spans_unix": spans}
+               "loadavg_1m": round(os.getloadavg()[0], 2), "repeat_spans_unix": spans,
+               "host_per_repeat": hosts}
         if trace:
             row["gpu_trace"] = trace.samples()
         if k > 0 and deltas:
@@ -372,7 +439,8 @@ def run_lane(lane: dict, out_path: str, work_dir: str) -> dict:
         t0 = _now()
         with open(log_path, "w") as logf:
             proc = subprocess.Popen([sys.executable, "-m", "draftfit.calibrate_worker", "--json-spec", spec_path,
-                                     "--out", res_path], stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                     "--out", res_path], stdout=logf, stderr=subprocess.STDOUT,
+                                    env=dict(env, **{key: str(val) for key, val in (cfg.get("env") or {}).items()}),
                                     start_new_session=True)
             try:
                 rc = proc.wait(timeout=max(deadline - _now(), 1))

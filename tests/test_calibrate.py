@@ -207,3 +207,27 @@ def test_gpu_trace_parses_nvidia_smi_lines_and_is_empty_without_a_gpu():
     with GpuTrace(period_ms=100) as trace:  # this CPU machine has no nvidia-smi: nothing, no error
         pass
     assert trace.samples() == [] or all(len(s) == 4 for s in trace.samples())
+
+
+def test_host_trace_counts_the_cpu_time_of_a_busy_grandchild():
+    """The engine core is a child of the worker process: its CPU seconds reach the repeat's host row."""
+    import subprocess
+    import sys
+    import time
+
+    from draftfit.calibrate_worker import host_delta, host_snapshot
+
+    burn = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass\n"
+    spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"
+    child = subprocess.Popen([sys.executable, "-c", spawn])
+    try:
+        time.sleep(0.3)
+        before = host_snapshot()
+        time.sleep(0.8)
+        row = host_delta(host_snapshot(), before)
+    finally:
+        child.wait()
+    assert row["busy_s"] >= 0.5 and row["steal_s"] >= 0
+    busiest = row["procs"][0]
+    assert 0.5 <= busiest["cpu_s"] <= 1.2 and busiest["pid"] != child.pid  # the grandchild, not the spawner
+    assert host_delta({}, before) == {}

@@ -143,6 +143,9 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
                            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
                + _restarts(l8, l1, (6,), suffix="-t", repeats=7, gpu_trace=True)
                + _restarts(q8, q06, (8,), suffix="-t", repeats=7, gpu_trace=True))],
+        # Then the baselines and a Llama K with the engine core in-process too: does it change the ratio?
+        "T2": [("gpu0", "0", 90, [e for t, d, k in ((q8, q06, 0), (l8, l1, 0), (l8, l1, 6)) for e in _restarts(
+            t, d, (k,), suffix="-t-inproc", repeats=7, gpu_trace=True, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})])],
         "A-llama": [("gpu0", "0", 90, pair_lane(l8, l1, ks))],
         "A-qwen": [("gpu0", "0", 90, pair_lane(q8, q06, ks))],
         "B": [("tp2", "0,1", 150, [engine(l70, None, 0, 2, **big), engine(l70, l1, 4, 2, **big),

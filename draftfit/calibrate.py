@@ -201,8 +201,8 @@ class CalibrationTable:
     def step_band(self) -> float:
         """Relative band of this table's step costs: the median spread between the fastest and slowest timed
         repeat of its speculative rows, never below the floor a quiet configuration shows. The repeats'
-        spread predicts what a restart changes: 0.07 for the 32B pair (its restarts: at most 0.06), 0.17-0.31
-        and 0.34-0.45 for the host-bound 8B pairs' tables (their restarts: median 0.19 and 0.22)."""
+        spread predicts what a restart changes: 0.06-0.07 for the 32B pair (its restarts: at most 0.06), 0.17-0.33
+        and 0.36-0.45 for the host-bound 8B pairs' tables (their restarts: median 0.19 and 0.22)."""
         from draftfit.stepcost import CALIBRATED_UNCERTAINTY
 
         spreads = sorted(r["repeat_spread"] for rows in self.spec.values() for r in rows.values()
@@ -309,17 +309,28 @@ def load_table(path: Path) -> CalibrationTable:
     return CalibrationTable(path=str(path), **keep)
 
 
+_TABLES_CACHE: dict = {}
+
+
 def load_tables(directory: Path | None = None) -> list[CalibrationTable]:
+    """Every step-cost table in `directory`. One `rank` asks for them once per candidate draft, so the
+    parsed tables are kept while no file of the folder changed (name, size and mtime)."""
     directory = Path(directory or CALIBRATION_DIR)
     if not directory.is_dir():
         return []
+    paths = sorted(directory.glob("*.json"))
+    stamp = tuple((p.name, st.st_size, st.st_mtime_ns) for p in paths for st in [p.stat()])
+    cached = _TABLES_CACHE.get(directory.resolve())
+    if cached and cached[0] == stamp:
+        return list(cached[1])
     out = []
-    for p in sorted(directory.glob("*.json")):
+    for p in paths:
         try:
             out.append(load_table(p))
         except (KeyError, TypeError, json.JSONDecodeError):
             continue  # not a step-cost table (e.g. a raw campaign file); tables are validated on write
-    return out
+    _TABLES_CACHE[directory.resolve()] = (stamp, out)
+    return list(out)
 
 
 def find_tables(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None) -> list:
@@ -373,8 +384,19 @@ class PooledSteps:
         return max(t.step_band for t in self.tables)
 
     def spec_step_ms(self, k: int, batch: int) -> float | None:
-        steps = [s for s in (t.spec_step_ms(k, batch) for t in self.tables) if s]
-        return sum(steps) / len(steps) if steps else None
+        # Weighted by engine starts: a table that pooled three starts counts three times one that had one.
+        pairs = [(s, t.spec.get(str(k), {}).get(str(batch), {}).get("engines") or 1) for t in self.tables
+                 if (s := t.spec_step_ms(k, batch))]
+        return sum(s * n for s, n in pairs) / sum(n for _, n in pairs) if pairs else None
+
+    def speedup(self, table, k: int, batch: int) -> float | None:
+        """`table`'s measured steady-state speedup with the step cost of all the layout's engine starts:
+        its own counters (tokens per step at its rate) over the pooled step, a less noisy measurement of
+        the same quantity."""
+        own, step, pooled = table.speedup(k, batch), table.spec_step_ms(k, batch), self.spec_step_ms(k, batch)
+        if not own or not step or not pooled:
+            return None
+        return own * step / pooled
 
 
 def _row_from_result(batch_row: dict, batch: int = 1) -> dict | None:
@@ -438,6 +460,10 @@ def tables_from_results(results: list[dict], *, command: str = "") -> list[Calib
     meta: dict = {}
     for res in results:
         if not res or res.get("status") not in ("ok",) or res.get("spec", {}).get("memory_only"):
+            continue
+        if res["spec"].get("env"):
+            # A changed vLLM environment (e.g. the engine core in-process) measures another setup than
+            # `vllm serve`: such diagnostic engines stay in raw/ and never enter a table.
             continue
         spec = res["spec"]
         target, draft, tp = spec["target"], spec.get("draft"), int(spec.get("tp", 1))

@@ -57,11 +57,11 @@ DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, nex
 CUDAGRAPH_MAX_TOKENS = 512
 EAGER_LAYER_MS = 0.4
 # Relative bands. Roofline prior: the 80th percentile of its leave-one-configuration-out error on the H200
-# tables (bench/speedup.py: 28 % over 128 points). Calibrated: the floor of CalibrationTable.step_band,
+# tables (bench/speedup.py: 26 % over 144 points). Calibrated: the floor of CalibrationTable.step_band,
 # what two engine starts of the quiet 32B pair differed by (at most 6 %); a table whose repeats spread more
 # gets its median repeat spread (the host-bound 8B pairs' tables: 17-45 %). Both checked against the
 # shipped tables by tests/test_speedup.py.
-PRIOR_UNCERTAINTY = 0.28
+PRIOR_UNCERTAINTY = 0.26
 CALIBRATED_UNCERTAINTY = 0.06
 
 _FALLBACK_GPUS = {  # used only when catalogs/gpus.yaml is missing (data-sheet numbers)

@@ -153,3 +153,30 @@ def test_each_synthetic_rate_gets_its_own_table_with_the_shared_baseline(tmp_pat
         (by_rate[0.8].spec_step_ms(2, 1) + by_rate[0.6].spec_step_ms(2, 1)) / 2)
     assert pooled.spec_step_ms(4, 1) == pytest.approx(by_rate[0.8].spec_step_ms(4, 1))
     assert sorted(pooled.spec) == ["2", "4"] and pooled.baseline == by_rate[0.8].baseline
+    # The measured speedup at 0.6 with the pooled step: its own tokens per step over the mean step.
+    own = by_rate[0.6]
+    assert pooled.speedup(own, 2, 1) == pytest.approx(
+        own.speedup(2, 1) * own.spec_step_ms(2, 1) / pooled.spec_step_ms(2, 1))
+    assert pooled.speedup(own, 4, 1) is None  # 0.6 never measured K=4
+
+
+def test_pooled_steps_weigh_each_table_by_its_engine_starts():
+    from draftfit.calibrate import PooledSteps
+
+    def engine(rate, step_ms, env=None):
+        spec = {"target": "Llama-3.1-8B", "draft": "Llama-3.2-1B", "tp": 1, "id": f"k2-a{rate}-{step_ms}"}
+        if env:
+            spec["env"] = env
+        return {"status": "ok", "k": 2, "acceptance": rate, "gpu_name": "NVIDIA H200", "spec": spec,
+                "batches": {"1": {"tpot_ms": step_ms * 40 / 95, "step_ms": step_ms, "steps": 40.0,
+                                  "max_tokens": 96}}}
+
+    base = {"status": "ok", "k": 0, "gpu_name": "NVIDIA H200", "spec": {"target": "Llama-3.1-8B", "tp": 1},
+            "batches": {"1": {"tpot_ms": 5.0, "step_ms": 5.0, "steps": 95, "max_tokens": 96}}}
+    # Two starts at 0.8 (10 and 12 ms), one at 0.6 (20 ms), and an in-process diagnostic engine that
+    # must not count: a changed vLLM environment is another setup.
+    tables = tables_from_results([base, engine(0.8, 10.0), engine(0.8, 12.0), engine(0.6, 20.0),
+                                  engine(0.8, 1.0, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})])
+    assert sorted(t.spec["2"]["1"].get("engines", 1) for t in tables) == [1, 2]
+    pooled = PooledSteps(tables)
+    assert pooled.spec_step_ms(2, 1) == pytest.approx((10.0 + 12.0 + 20.0) / 3)

@@ -392,12 +392,10 @@ def test_one_loop_serves_training_and_the_benchmark(tmp_path):
 
 
 def test_bands_match_the_measured_spread():
-    """The prior's band covers ~80 % of held-out errors and each table's calibrated band most (56 of 68) of
+    """The prior's band covers ~80 % of held-out errors and each table's calibrated band most (82 of 96) of
     its restart-to-restart differences (pooled starts, and the same step at two synthetic rates) on the
     shipped H200 tables, so a printed band means what it says."""
-    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "bench" / "speedup.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("speedup")
     from draftfit.calibrate import load_tables
     from draftfit.stepcost import CALIBRATED_UNCERTAINTY, PRIOR_UNCERTAINTY
 
@@ -418,3 +416,27 @@ def test_bands_match_the_measured_spread():
         assert band >= CALIBRATED_UNCERTAINTY
     assert len(covered) >= 40
     assert 0.55 <= sum(covered) / len(covered) <= 0.9
+
+
+def _bench(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_host_trace_bench_reads_the_shipped_traces():
+    """The traced engines of data/calibration/raw: per repeat a step, a GPU-busy time no larger than it, and
+    the SM clock; the in-process diagnostic engines are paired with their multiprocess twins."""
+    ht = _bench("host_trace")
+    engines = ht.traced_engines(sorted((ROOT / "data" / "calibration" / "raw").glob("*/*_gpu*.json")))
+    assert len(engines) >= 8 and any(e["in_process"] for e in engines)
+    for e in engines:
+        for rows in e["per_batch"].values():
+            for r in rows:
+                assert r["step_ms"] > 0 and 0 <= r["gpu_busy_ms"] <= r["step_ms"] * 1.0001
+                assert 1000 <= r["sm_mhz"] <= 2100
+    pairs = ht._in_process_pairs(engines)
+    assert "Qwen3-8B-Qwen3-0.6B-k4-tp1-t" in pairs and set(pairs["Qwen3-8B-Qwen3-0.6B-k4-tp1-t"]) == {1, 8, 32, 128}
+    text = ht.render(engines, [])
+    assert "SM clock" in text and "engine core in-process" in text

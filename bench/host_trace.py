@@ -1,0 +1,154 @@
+"""What varies between timed repeats of a speculative engine: GPU clock, GPU busy time, host CPU.
+
+Reads the campaign files whose rows carry a GPU trace (nvidia-smi every 200 ms beside the repeats,
+`bench/gpu_campaign.py --gpu-trace`) and host counters per repeat (the worker's host_snapshot), and the
+calibration tables for the cost of each further draft pass. Writes the README section `host-trace`.
+
+    .venv/bin/python bench/host_trace.py [--no-readme]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._readme import markdown_table, write_section  # noqa: E402
+
+COMMAND = ".venv/bin/python bench/host_trace.py"
+RAW = ROOT / "data" / "calibration" / "raw"
+
+
+def repeat_rows(batch_row: dict) -> list[dict]:
+    """Per timed repeat: step ms (its own engine steps), GPU-busy ms per step (utilisation x step), the
+    median SM clock, steal seconds and the busiest process's CPU share."""
+    steps, spans = batch_row.get("engine_steps_per_repeat") or [], batch_row.get("repeat_spans_unix") or []
+    trace, hosts = batch_row.get("gpu_trace") or [], batch_row.get("host_per_repeat") or []
+    if not steps or None in steps or not spans:
+        return []
+    t1 = statistics.median(batch_row["t1_s"])
+    out = []
+    for i, (wall, n) in enumerate(zip(batch_row["tM_s"], steps)):
+        step_ms = 1000 * (wall - t1) / n
+        lo, hi = spans[i]
+        samples = [s for s in trace if lo <= s[0] <= hi]
+        host = hosts[i] if i < len(hosts) else {}
+        procs = host.get("procs") or []
+        out.append({"step_ms": step_ms,
+                    "gpu_busy_ms": step_ms * statistics.median(s[3] for s in samples) / 100 if samples else None,
+                    "sm_mhz": statistics.median(s[1] for s in samples) if samples else None,
+                    "steal_s": host.get("steal_s"),
+                    "cpu_share": procs[0]["cpu_s"] / wall if procs and wall else None})
+    return out
+
+
+def traced_engines(paths) -> list[dict]:
+    engines = []
+    for path in paths:
+        for entry in json.loads(Path(path).read_text()).get("configs", []):
+            res = entry.get("result") or {}
+            per_batch = {int(b): repeat_rows(r) for b, r in (res.get("batches") or {}).items() if "tM_s" in r}
+            per_batch = {b: rows for b, rows in per_batch.items() if rows and rows[0]["sm_mhz"] is not None}
+            if per_batch:
+                env = (entry.get("spec") or {}).get("env") or {}
+                engines.append({"id": entry["id"], "file": Path(path).name, "per_batch": per_batch,
+                                "in_process": env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0",
+                                "k": int(res.get("k") or 0)})
+    return engines
+
+
+def further_pass_ms(tables) -> list[dict]:
+    """Per table at batch 1: the step cost added by each further draft pass between measured K."""
+    out = []
+    for t in tables:
+        ks = [k for k in t.ks if t.spec_step_ms(k, 1)]
+        if len(ks) < 3:
+            continue
+        steps = {k: t.spec_step_ms(k, 1) for k in ks}
+        out.append({"table": Path(t.path).name, "steps": steps,
+                    "per_pass": {f"{a}->{b}": (steps[b] - steps[a]) / (b - a) for a, b in zip(ks, ks[1:])}})
+    return out
+
+
+def _in_process_pairs(engines) -> dict:
+    """{engine id: {batch: median step in-process / median step multiprocess}} where both ran."""
+    by_id = {e["id"]: e for e in engines}
+    out = {}
+    for e in engines:
+        if not e["in_process"] or not e["id"].endswith("-inproc"):
+            continue
+        other = by_id.get(e["id"].removesuffix("-inproc"))
+        if other:
+            out[other["id"]] = {b: statistics.median(r["step_ms"] for r in e["per_batch"][b])
+                                / statistics.median(r["step_ms"] for r in other["per_batch"][b])
+                                for b in sorted(set(e["per_batch"]) & set(other["per_batch"]))}
+    return out
+
+
+def _rng(vals, fmt="{:.1f}") -> str:
+    vals = [v for v in vals if v is not None]
+    return f"{fmt.format(min(vals))}-{fmt.format(max(vals))}" if vals else ""
+
+
+def render(engines, passes) -> str:
+    if not engines:
+        return "No traced engines yet: run `bench/gpu_campaign.py --phase T --gpu-trace` on a GPU."
+    batches = sorted({b for e in engines for b in e["per_batch"]})
+    rows = []
+    for e in engines:
+        rows.append([e["id"] + (" (engine core in-process)" if e["in_process"] else ""), e["file"]]
+                    + [f"{_rng(r['step_ms'] for r in e['per_batch'][b])} ({_rng(r['gpu_busy_ms'] for r in e['per_batch'][b])})"
+                       if b in e["per_batch"] else "" for b in batches])
+    allrows = [r for e in engines for rs in e["per_batch"].values() for r in rs]
+    spec = [r for e in engines if e["k"] for rs in e["per_batch"].values() for r in rs]
+    base = [r for e in engines if not e["k"] for rs in e["per_batch"].values() for r in rs]
+    steal = [r["steal_s"] for r in allrows if r["steal_s"] is not None]
+    share = lambda rs: _rng((r["cpu_share"] for r in rs), "{:.0%}")  # noqa: E731
+    lines = [
+        f"{len(engines)} engines traced ({len(allrows)} timed repeats): SM clock {_rng((r['sm_mhz'] for r in allrows), '{:.0f}')} MHz "
+        f"(median over each repeat), CPU steal at most {max(steal):.2f} s per repeat. The busiest process "
+        f"(vLLM's engine core) used {share(spec)} of one core in the speculative engines and {share(base) or 'n/a'} "
+        "in the plain ones. Per engine and batch: step ms over the repeats (min-max), and in brackets the GPU-busy "
+        "ms per step (nvidia-smi utilisation x step). Where the step varies and the GPU-busy time does not, the "
+        "host (the engine core's single busy thread) made the difference, not the GPU.",
+        "",
+        markdown_table(["engine", "file"] + [f"batch {b}: step (GPU busy) ms" for b in batches], rows),
+    ]
+    pairs = _in_process_pairs(engines)
+    if pairs:
+        lines += ["", "The same engine with vLLM's engine core in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0, "
+                  "a diagnostic: `vllm serve` runs it as its own process, so these never enter a table), median step "
+                  "in-process / multiprocess per batch: " + "; ".join(
+                      f"{base} " + ", ".join(f"b{b} {r:.2f}" for b, r in ratios.items()) for base, ratios in pairs.items())
+                  + ". One start each: whether Qwen3-0.6B's costly multiprocess passes come from the process layout "
+                  "or from that start's host state needs more starts."]
+    if passes:
+        lines += ["", "Cost of each further draft pass at batch 1 (ms per pass between the measured K, steady-state "
+                  "steps of the calibration tables):", "",
+                  markdown_table(["table", "step ms at K", "ms per further pass"],
+                                 [[p["table"], ", ".join(f"K{k} {v:.1f}" for k, v in p["steps"].items()),
+                                   ", ".join(f"{k}: {v:.1f}" for k, v in p["per_pass"].items())] for p in passes])]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--no-readme", action="store_true")
+    args = ap.parse_args(argv)
+    from draftfit.calibrate import load_tables
+
+    engines = traced_engines(sorted(RAW.glob("*/*_gpu*.json")))
+    body = render(engines, further_pass_ms([t for t in load_tables() if t.tp == 1]))
+    print(body)
+    if not args.no_readme:
+        write_section("host-trace", body, command=COMMAND)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

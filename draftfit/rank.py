@@ -51,6 +51,7 @@ class Candidate:
     speedup_low: dict[int, float | None] = field(default_factory=dict)
     speedup_high: dict[int, float | None] = field(default_factory=dict)
     speedup_source: str = ""
+    speedup_notes: list[str] = field(default_factory=list)  # the step-cost model's notes (host-bound, no table)
     per_k: dict[int, dict] = field(default_factory=dict)  # first batch: speedup per K (for --explain)
     decision: str = ""  # speculate | don't | incompatible | does not fit | n/a
     reason: str = ""
@@ -68,6 +69,7 @@ class Candidate:
             "best_k_by_batch": {str(b): k for b, k in self.best_k_by_batch.items()},
             "speedup": {str(b): v for b, v in self.speedup.items()},
             "speedup_low": {str(b): v for b, v in self.speedup_low.items()},
+            "speedup_notes": self.speedup_notes,
             "speedup_high": {str(b): v for b, v in self.speedup_high.items()},
             "speedup_source": self.speedup_source, "decision": self.decision, "reason": self.reason,
         }
@@ -135,6 +137,7 @@ def _fill_speedup(c: Candidate, target, draft, gpu, tp, est, batches):
     """Speedup per batch at the best K."""
     pred = predict_pair_speedup(target, draft, gpu, tp=tp, est=est, batches=batches)
     c.speedup_source = pred.source
+    c.speedup_notes = [n for n in pred.notes if n.startswith("host-bound")]
     for b in batches:
         per_k = pred.batches[b].per_k
         # Report the best K's number even when it does not pay (speedup.py then says best_k=0).

@@ -298,6 +298,26 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
                     uncertainty=unc)
 
 
+def host_bound_note(target, draft, gpu, *, tp: int, batch: int, context_len: int, overheads: dict,
+                    k: int = 4) -> str | None:
+    """A note when, at K=4, the host launch time of vLLM's draft loop (K-1 passes) exceeds the GPU work of
+    the step (the verify and K draft rooflines). Then the GPU idles between kernels and the engine core's
+    one CPU thread sets the step: on the H200 hosts measured, those steps (the 8B pairs) varied up to 1.7x
+    between repeats at a steady GPU, while GPU-bound ones (Qwen2.5-Coder-32B + 7B, the 70B pairs at TP=2)
+    agreed within a few percent (README, host-trace)."""
+    ov = {**PRIOR_OVERHEADS, **(overheads or {})}
+    draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    gpu_ms = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp) \
+        + k * draft_roof
+    host_ms = (k - 1) * draft.num_layers * draft_layer_ms(ov, tp)
+    if host_ms <= gpu_ms:
+        return None
+    return (f"host-bound at batch {batch}: at K={k} vLLM's draft loop needs {host_ms:.1f} ms of host launch time "
+            f"({k - 1} passes x {draft.num_layers} layers of {draft.name}) for {gpu_ms:.1f} ms of GPU work, so the "
+            "engine core's CPU thread sets the step; such steps varied up to 1.7x between runs on the H200 hosts "
+            "measured (README, host-trace): the host CPU, not only the GPU, sets this speedup")
+
+
 def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
                     context_len: int = 1024, calibration_dir=None) -> StepCostModel:
     from draftfit.calibrate import PooledSteps, find_tables
@@ -320,6 +340,10 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         fitted = f"overheads fitted on {ov['n_spec']} calibrated points" if ov.get("n_spec") else "prior overheads"
         notes.append(f"no calibration table for {t.name} + {d.name} on {g.name} TP={tp}: roofline prior with "
                      f"{fitted} (±{PRIOR_UNCERTAINTY:.0%})")
+    host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len,
+                                overheads=fitted_overheads(calibration_dir))
+    if host_note:
+        notes.append(host_note)
     return StepCostModel(target=t.name, draft=d.name, gpu=g.name, tp=tp, context_len=context_len,
                          source=sources.pop() if len(sources) == 1 else "mixed: " + ", ".join(sorted(sources)),
                          per_batch=per_batch, notes=notes, tables=tables)

@@ -440,3 +440,16 @@ def test_host_trace_bench_reads_the_shipped_traces():
     assert "Qwen3-8B-Qwen3-0.6B-k4-tp1-t" in pairs and set(pairs["Qwen3-8B-Qwen3-0.6B-k4-tp1-t"]) == {1, 8, 32, 128}
     text = ht.render(engines, [])
     assert "SM clock" in text and "engine core in-process" in text
+
+
+def test_host_bound_note_marks_the_pairs_whose_steps_the_host_sets():
+    """The 8B pairs (measured: GPU busy ~40 % of a step, repeats up to 1.7x apart) get the note; the
+    GPU-bound Qwen2.5-Coder-32B + 7B and the 70B TP=2 pairs (repeats within a few percent) do not."""
+    from draftfit.stepcost import step_cost_model
+
+    def noted(target, draft, tp):
+        return any(n.startswith("host-bound") for n in step_cost_model(target, draft, "H200", tp=tp).notes)
+
+    assert noted("Llama-3.1-8B", "Llama-3.2-1B", 1) and noted("Qwen3-8B", "Qwen3-0.6B", 1)
+    assert not noted("Qwen2.5-Coder-32B", "Qwen2.5-Coder-7B", 1)
+    assert not noted("Llama-3.1-70B", "Llama-3.1-8B", 2) and not noted("Llama-3.1-70B", "Llama-3.2-1B", 2)

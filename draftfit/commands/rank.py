@@ -152,5 +152,6 @@ def _explain(result, name: str, as_json: bool) -> None:
     if hit.per_k:
         lines.append(f"  per K at batch {result.batches[0]}: " + ", ".join(
             f"K={k}: {fmt_num(v.get('speedup'))}x" for k, v in sorted(hit.per_k.items())))
+    lines += [f"  note: {n}" for n in hit.speedup_notes]
     lines.append(f"verdict: {hit.decision} — {hit.reason}")
     click.echo("\n".join(lines))

@@ -72,6 +72,7 @@ def evaluate(tables) -> dict:
         for held in held_tables:
             _score_held_out(held, overheads, corrector, cases, best_cases, pooled)
     return {"cases": cases, "best": best_cases, "cross_rate": _cross_rate_step_ratios(by_pair),
+            "line_vs_raw": _line_vs_raw_across_starts(by_pair),
             "loop_ms": _loop_pass_ms_per_layer(tables),
             "n_pairs": len(by_pair), "rates": sorted({t.acceptance for t in tables})}
 
@@ -101,6 +102,30 @@ def _cross_rate_step_ratios(by_pair: dict) -> list[float]:
                     if a and c:
                         ratios.append(a / c)
     return ratios
+
+
+def _line_vs_raw_across_starts(by_pair: dict) -> dict:
+    """How well one engine start's step costs predict another start's (the tables of one configuration at
+    two rates): its raw per-K steps against the line over K that stepcost.calibrated_step_cost uses when a
+    batch has 3+ K. {"raw": [relative errors], "line": [...]}, both over the same (batch, K) points."""
+    from draftfit.stepcost import _linear_fit
+
+    out = {"raw": [], "line": []}
+    for tables in by_pair.values():
+        by_rate = sorted(tables, key=lambda t: t.acceptance)
+        for lo, hi in zip(by_rate, by_rate[1:]):
+            for src, other in ((lo, hi), (hi, lo)):
+                for b in set(src.batches) & set(other.batches):
+                    ks = [k for k in src.ks if src.spec_step_ms(k, b)]
+                    if len(ks) < 3:
+                        continue
+                    a, slope = _linear_fit(ks, [src.spec_step_ms(k, b) for k in ks])
+                    for k in ks:
+                        ref = other.spec_step_ms(k, b)
+                        if ref:
+                            out["raw"].append(abs(src.spec_step_ms(k, b) / ref - 1))
+                            out["line"].append(abs((a + slope * k) / ref - 1))
+    return out
 
 
 def _config_label(table) -> str:
@@ -184,6 +209,7 @@ def summarize(result: dict) -> dict:
             "cross_median": sorted(cross)[len(cross) // 2] if cross else None, "mape_draftfit": mean(e_d), "mape_leviathan": mean(e_l),
             "mape_roofline": mean(e_r), "within15_roofline": within(e_r), "within15_draftfit": within(e_d),
             "within15_leviathan": within(e_l), "n_quiet": len(quiet), "mape_quiet": mean(e_q),
+            "line_vs_raw": {key: (mean(v), len(v)) for key, v in result.get("line_vs_raw", {}).items()},
             "within15_quiet": within(e_q), "n_pooled": len(e_p), "mape_pooled": mean(e_p),
             "within15_pooled": within(e_p),
             "per_config_pooled": {cfg: _config_errors([c["draftfit"] / c["pooled"] - 1 for c in cases
@@ -263,7 +289,11 @@ def render(result: dict, summary: dict) -> str:
         f"batch x (K+1) > 512 tokens misses the CUDA graphs), "
         f"fitted on the other configurations' steady-state step costs. The learned correction is "
         f"applied only where it beat the roofline in a leave-one-out inside the training configurations "
-        f"({s['corrected_configs']} of {len(s['per_config'])} held-out tables).",
+        f"({s['corrected_configs']} of {len(s['per_config'])} held-out tables)."
+        + (f" With a calibration table of 3+ K, draftfit reads the step costs off a line over K: one engine "
+           f"start's line predicts the other rate's start with {s['line_vs_raw']['line'][0]:.1%} mean error, its "
+           f"raw per-K steps with {s['line_vs_raw']['raw'][0]:.1%} ({s['line_vs_raw']['raw'][1]} points)."
+           if s.get("line_vs_raw", {}).get("raw", (0, 0))[1] else ""),
         "",
         markdown_table(["", "mean abs error", "within 15 %", "best K ok (the K alone)"], [
             ["draftfit vs measured", f"{s['mape_draftfit']:.1%}",

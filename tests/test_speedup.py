@@ -453,3 +453,24 @@ def test_host_bound_note_marks_the_pairs_whose_steps_the_host_sets():
     assert noted("Llama-3.1-8B", "Llama-3.2-1B", 1) and noted("Qwen3-8B", "Qwen3-0.6B", 1)
     assert not noted("Qwen2.5-Coder-32B", "Qwen2.5-Coder-7B", 1)
     assert not noted("Llama-3.1-70B", "Llama-3.1-8B", 2) and not noted("Llama-3.1-70B", "Llama-3.2-1B", 2)
+
+
+def test_calibrated_steps_follow_a_line_over_k_that_predicts_another_start_better():
+    """With 3+ K measured, calibrated step costs lie on one line over K (so a noisy K cannot make a dip in
+    the K curve), and on the shipped tables that line predicts another engine start better than raw steps."""
+    from draftfit.calibrate import PooledSteps, find_tables, load_tables
+    from draftfit.stepcost import calibrated_step_cost, gpu_spec, model_spec
+
+    table = PooledSteps(find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1))
+    sc = calibrated_step_cost(table, model_spec("Llama-3.1-8B"), model_spec("Llama-3.2-1B"), gpu_spec("H200"),
+                              batch=1, k_values=range(1, 9))
+    steps = [sc.spec_step_ms[k] for k in range(1, 9)]
+    assert all(b - a == pytest.approx(steps[1] - steps[0]) for a, b in zip(steps, steps[1:]))
+    assert steps[1] > steps[0]
+    bench = _bench("speedup")
+    by_pair: dict = {}
+    for t in load_tables():
+        by_pair.setdefault(t.configuration, []).append(t)
+    errs = bench._line_vs_raw_across_starts(by_pair)
+    assert len(errs["raw"]) >= 60
+    assert sum(errs["line"]) < sum(errs["raw"])

@@ -109,9 +109,12 @@ def render(engines, passes) -> str:
     base = [r for e in engines if not e["k"] for rs in e["per_batch"].values() for r in rs]
     steal = [r["steal_s"] for r in allrows if r["steal_s"] is not None]
     share = lambda rs: _rng((r["cpu_share"] for r in rs), "{:.0%}")  # noqa: E731
+    small = [r for e in engines for b, rs in e["per_batch"].items() if b <= 32 for r in rs]
+    large = [r for e in engines for b, rs in e["per_batch"].items() if b > 32 for r in rs]
     lines = [
-        f"{len(engines)} engines traced ({len(allrows)} timed repeats): SM clock {_rng((r['sm_mhz'] for r in allrows), '{:.0f}')} MHz "
-        f"(median over each repeat), CPU steal at most {max(steal):.2f} s per repeat. The busiest process "
+        f"{len(engines)} engines traced ({len(allrows)} timed repeats): SM clock (median over each repeat) "
+        f"{_rng((r['sm_mhz'] for r in small), '{:.0f}')} MHz at batch <= 32, "
+        f"{_rng((r['sm_mhz'] for r in large), '{:.0f}')} MHz at batch 128 (lowest for the 32B pair), CPU steal at most {max(steal):.2f} s per repeat. The busiest process "
         f"(vLLM's engine core) used {share(spec)} of one core in the speculative engines and {share(base) or 'n/a'} "
         "in the plain ones. Per engine and batch: step ms over the repeats (min-max), and in brackets the GPU-busy "
         "ms per step (nvidia-smi utilisation x step). Where the step varies and the GPU-busy time does not, the "

@@ -27,6 +27,7 @@ Phases (the lead launches each as its own command):
   E-qwen   the same for Qwen3-8B + Qwen3-0.6B;  E-coder: Qwen2.5-Coder-32B + 7B at 0.6, K 3, 2, 4, 1
   T        one GPU: the 8B pairs' noisy engines again (Qwen K 4, 8; Llama K 6) with --gpu-trace and 7 repeats,
            plus Qwen K=4 with the engine core in the worker process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+  T2 / T3  in-process baselines and Llama K=6 / Qwen K=4 alternating multiprocess and in-process, with py-spy
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
 """
@@ -48,6 +49,7 @@ VOCAB = {"Llama": 128256, "Qwen3": 151936, "Qwen2.5": 152064}
 ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
        "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
        "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+_INPROC = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # engine core in the worker process: a diagnostic only
 MEASURE = dict(batches=[1, 8, 32, 128], acceptance=0.8, max_tokens=96, prompt_len=64, repeats=3,
                max_model_len=2048, util=0.85)
 
@@ -140,12 +142,17 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # process: if that one is steady, the noise comes from the engine-core process, not the GPU.
         "T": [("gpu0", "0", 90, _restarts(q8, q06, (4,), suffix="-t", repeats=7, gpu_trace=True)
                + _restarts(q8, q06, (4,), suffix="-t-inproc", repeats=7, gpu_trace=True,
-                           env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+                           env=_INPROC)
                + _restarts(l8, l1, (6,), suffix="-t", repeats=7, gpu_trace=True)
                + _restarts(q8, q06, (8,), suffix="-t", repeats=7, gpu_trace=True))],
         # Then the baselines and a Llama K with the engine core in-process too: does it change the ratio?
+        # Process layout or host state? Qwen3 K=4 alternating multiprocess and in-process starts, py-spy on the
+        # engine core of each (second repeat per batch), GPU trace on.
+        "T3": [("gpu0", "0", 90, [e for i, env in enumerate(({}, _INPROC, {}, _INPROC)) for e in _restarts(
+            q8, q06, (4,), suffix=f"-t3{'abcd'[i]}" + ("-inproc" if env else ""), repeats=5, gpu_trace=True,
+            pyspy=True, **({"env": env} if env else {}))])],
         "T2": [("gpu0", "0", 90, [e for t, d, k in ((q8, q06, 0), (l8, l1, 0), (l8, l1, 6)) for e in _restarts(
-            t, d, (k,), suffix="-t-inproc", repeats=7, gpu_trace=True, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})])],
+            t, d, (k,), suffix="-t-inproc", repeats=7, gpu_trace=True, env=_INPROC)])],
         "A-llama": [("gpu0", "0", 90, pair_lane(l8, l1, ks))],
         "A-qwen": [("gpu0", "0", 90, pair_lane(q8, q06, ks))],
         "B": [("tp2", "0,1", 150, [engine(l70, None, 0, 2, **big), engine(l70, l1, 4, 2, **big),
@@ -205,6 +212,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="engine ids to leave out (finished by an earlier call)")
     ap.add_argument("--gpu-trace", action="store_true",
                     help="sample the SM clock, power and utilisation (nvidia-smi, 200 ms) beside the repeats")
+    ap.add_argument("--pyspy", action="store_true",
+                    help="py-spy record of the engine core during the second repeat of each batch size")
     args = ap.parse_args(argv)
     t0 = time.time()
     for key, val in ENV.items():
@@ -228,6 +237,8 @@ def main(argv=None) -> int:
                     c["repeats"] = args.repeats
                 if args.gpu_trace:
                     c["gpu_trace"] = True
+                if args.pyspy:
+                    c["pyspy"] = True
                 if args.batches:
                     c["batches"] = [int(b) for b in args.batches.split(",")]
                     c["max_num_seqs"] = None if c.get("memory_only") else max(c["batches"])

@@ -54,11 +54,13 @@ def traced_engines(paths) -> list[dict]:
             res = entry.get("result") or {}
             per_batch = {int(b): repeat_rows(r) for b, r in (res.get("batches") or {}).items() if "tM_s" in r}
             per_batch = {b: rows for b, rows in per_batch.items() if rows and rows[0]["sm_mhz"] is not None}
+            spies = {int(b): r["pyspy"] for b, r in (res.get("batches") or {}).items()
+                     if (r.get("pyspy") or {}).get("samples")}
             if per_batch:
                 env = (entry.get("spec") or {}).get("env") or {}
                 engines.append({"id": entry["id"], "file": Path(path).name, "per_batch": per_batch,
                                 "in_process": env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0",
-                                "k": int(res.get("k") or 0)})
+                                "k": int(res.get("k") or 0), "pyspy": spies})
     return engines
 
 
@@ -114,7 +116,7 @@ def render(engines, passes) -> str:
     lines = [
         f"{len(engines)} engines traced ({len(allrows)} timed repeats): SM clock (median over each repeat) "
         f"{_rng((r['sm_mhz'] for r in small), '{:.0f}')} MHz at batch <= 32, "
-        f"{_rng((r['sm_mhz'] for r in large), '{:.0f}')} MHz at batch 128 (lowest for the 32B pair), CPU steal at most {max(steal):.2f} s per repeat. The busiest process "
+        f"{_rng((r['sm_mhz'] for r in large), '{:.0f}')} MHz at batch 128 (lowest for the 32B pair), CPU steal at most {max(steal, default=float('nan')):.2f} s per repeat. The busiest process "
         f"(vLLM's engine core) used {share(spec)} of one core in the speculative engines and {share(base) or 'n/a'} "
         "in the plain ones. Per engine and batch: step ms over the repeats (min-max), and in brackets the GPU-busy "
         "ms per step (nvidia-smi utilisation x step). Where the step varies and the GPU-busy time does not, the "
@@ -130,6 +132,14 @@ def render(engines, passes) -> str:
                       f"{base} " + ", ".join(f"b{b} {r:.2f}" for b, r in ratios.items()) for base, ratios in pairs.items())
                   + ". One start each: whether Qwen3-0.6B's costly multiprocess passes come from the process layout "
                   "or from that start's host state needs more starts."]
+    spied = [e for e in engines if e.get("pyspy")]
+    if spied:
+        lines += ["", "py-spy on the engine core during one repeat (share of samples on the stack, the 8 "
+                  "functions seen most):", ""]
+        lines += [markdown_table(["engine", "batch", "samples", "functions (share of samples)"],
+                                 [[e["id"], b, spy["samples"], ", ".join(f"{fn} {n / spy['samples']:.0%}"
+                                                                         for fn, n in spy["inclusive"][:8])]
+                                  for e in spied for b, spy in sorted(e["pyspy"].items())])]
     if passes:
         lines += ["", "Cost of each further draft pass at batch 1 (ms per pass between the measured K, steady-state "
                   "steps of the calibration tables):", "",

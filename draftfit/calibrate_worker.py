@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -151,6 +152,77 @@ def parse_gpu_trace(text: str) -> list:
     return out
 
 
+class PySpyRecord:
+    """py-spy sampling one process (vLLM's engine core) beside a timed repeat (opt-in: spec `pyspy`), to
+    name the Python that takes a host-bound step's time. py-spy comes as a wheel (its binary lands in
+    <site>/bin); without it, or without ptrace rights, nothing is recorded and nothing fails."""
+
+    def __init__(self, pid: int, seconds: int, out_path: str, rate_hz: int = 250):
+        self.pid, self.seconds, self.out_path, self.rate_hz = pid, max(1, int(seconds)), out_path, rate_hz
+        self.proc, self.error = None, None
+
+    @staticmethod
+    def binary() -> str | None:
+        import shutil
+
+        # On PATH, beside this interpreter (a venv), or in <entry>/bin of a `pip install --target` entry.
+        cands = [shutil.which("py-spy"), os.path.join(os.path.dirname(sys.executable), "py-spy")]
+        cands += [os.path.join(entry, "bin", "py-spy") for entry in
+                  [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + sys.path]
+        return next((c for c in cands if c and os.access(c, os.X_OK)), None)
+
+    def __enter__(self):
+        exe = self.binary()
+        if exe is None:
+            self.error = "py-spy not installed"
+            return self
+        try:
+            self.proc = subprocess.Popen([exe, "record", "--pid", str(self.pid), "--duration", str(self.seconds),
+                                          "--rate", str(self.rate_hz), "--format", "raw", "--nonblocking",
+                                          "--output", self.out_path],
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as exc:
+            self.error = repr(exc)
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            try:
+                out = self.proc.communicate(timeout=self.seconds + 15)[0]
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                out = "timeout"
+            if self.proc.returncode:
+                self.error = (out or "")[-300:]
+        return False
+
+    def summary(self) -> dict:
+        try:
+            with open(self.out_path) as f:
+                return dict(parse_pyspy_raw(f.read()), pid=self.pid, seconds=self.seconds)
+        except OSError:
+            return {"error": self.error or "no py-spy output", "pid": self.pid}
+
+
+def parse_pyspy_raw(text: str, top: int = 25) -> dict:
+    """py-spy's raw (collapsed) format, 'outer (file:line);...;leaf (file:line) COUNT' per line, -> the
+    sample count, the leaf frames with the most samples (self time, with their line) and the functions
+    on the most stacks (inclusive time, file base name, no line)."""
+    samples, leaf, inclusive = 0, {}, {}
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = stack.split(";")
+        leaf[frames[-1]] = leaf.get(frames[-1], 0) + n
+        for fn in {re.sub(r"\((.*/)?([^/:]*)(:\d+)?\)$", r"(\2)", fr) for fr in frames}:
+            inclusive[fn] = inclusive.get(fn, 0) + n
+    best = lambda d: sorted(d.items(), key=lambda kv: -kv[1])[:top]  # noqa: E731
+    return {"samples": samples, "self": best(leaf), "inclusive": best(inclusive)}
+
+
 def host_snapshot(root_pid: int | None = None) -> dict:
     """Host counters for one timed repeat (Linux /proc; {} elsewhere): the system's CPU ticks by kind,
     steal included (these hosts are VMs, and a host-bound draft loop slows when the hypervisor takes
@@ -197,8 +269,8 @@ def host_snapshot(root_pid: int | None = None) -> dict:
 
 
 def host_delta(after: dict, before: dict) -> dict:
-    """One repeat's host counters: seconds by kind (system-wide), and per busy process of the family
-    (> 10 ticks) its CPU seconds, involuntary switches and last CPU."""
+    """One repeat's host counters: seconds by kind (system-wide), and per process of the family that ran
+    at all, the busiest first, its CPU seconds, involuntary switches and last CPU."""
     if not after or not before:
         return {}
     hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -207,7 +279,7 @@ def host_delta(after: dict, before: dict) -> dict:
     for pid, a in after["procs"].items():
         b = before["procs"].get(pid, {"ticks": 0, "nvcsw": 0})
         used = a["ticks"] - b["ticks"]
-        if used > 10:
+        if used > 0:
             procs.append({"pid": pid, "cpu_s": round(used / hz, 2), "cpu": a["cpu"],
                           "nvcsw": (a["nvcsw"] - (b["nvcsw"] or 0)) if a["nvcsw"] is not None else None})
     return {"steal_s": round(ticks.get("steal", 0), 3),
@@ -235,7 +307,7 @@ def run_engine(spec: dict, out_path: str) -> dict:
     prompt_len = int(spec.get("prompt_len", 64))
     repeats = int(spec.get("repeats", 3))
     result: dict = {"schema": SCHEMA, "spec": spec, "status": "starting", "k": k, "acceptance": alpha,
-                    "batches": {}, "started_unix": t_start}
+                    "batches": {}, "started_unix": t_start, "worker_pid": os.getpid()}
 
     def flush(status: str | None = None):
         if status:
@@ -306,14 +378,22 @@ def run_engine(spec: dict, out_path: str) -> dict:
             flush()
             continue
         gen(batch, 8)  # warm-up of this batch's graphs
-        t1s, tms, deltas, toks, spans, hosts = [], [], [], [], [], []
+        t1s, tms, deltas, toks, spans, hosts, pyspy = [], [], [], [], [], [], None
         trace = GpuTrace() if spec.get("gpu_trace") else None
         with trace or contextlib.nullcontext():
             for _ in range(repeats):
                 t1s.append(gen(batch, 1)[0])
                 before, host_before = _counters(llm), host_snapshot()
                 t_rep = _now()
-                wall, ntok = gen(batch, max_tokens)
+                spy = None
+                if spec.get("pyspy") and len(hosts) == 1 and hosts[0].get("procs"):
+                    # The second repeat, on the process that was busiest in the first, for about its length.
+                    spy = PySpyRecord(hosts[0]["procs"][0]["pid"], math.ceil(tms[0]),
+                                      f"{out_path}.pyspy-b{batch}.txt")
+                with spy or contextlib.nullcontext():
+                    wall, ntok = gen(batch, max_tokens)
+                if spy:
+                    pyspy = spy.summary()
                 spans.append((round(t_rep, 3), round(t_rep + wall, 3)))
                 hosts.append(host_delta(host_snapshot(), host_before))
                 deltas.append(_delta(_counters(llm), before))
@@ -333,6 +413,8 @@ def run_engine(spec: dict, out_path: str) -> dict:
                "host_per_repeat": hosts}
         if trace:
             row["gpu_trace"] = trace.samples()
+        if pyspy is not None:
+            row["pyspy"] = pyspy
         if k > 0 and deltas:
             drafts = statistics.median(d.get("vllm:spec_decode_num_drafts", 0) for d in deltas)
             accepted = statistics.median(d.get("vllm:spec_decode_num_accepted_tokens", 0) for d in deltas)

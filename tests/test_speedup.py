@@ -440,6 +440,9 @@ def test_host_trace_bench_reads_the_shipped_traces():
     assert "Qwen3-8B-Qwen3-0.6B-k4-tp1-t" in pairs and set(pairs["Qwen3-8B-Qwen3-0.6B-k4-tp1-t"]) == {1, 8, 32, 128}
     text = ht.render(engines, [])
     assert "SM clock" in text and "engine core in-process" in text
+    # py-spy summaries (phase T3 onwards) are listed per engine and batch as shares of the samples.
+    spied = dict(engines[0], pyspy={1: {"samples": 200, "inclusive": [["step (core.py)", 200], ["propose (eagle.py)", 90]]}})
+    assert "propose (eagle.py) 45%" in ht.render([spied], [])
 
 
 def test_host_bound_note_marks_the_pairs_whose_steps_the_host_sets():

@@ -43,7 +43,8 @@ SPEC_SEQ_MS = 0.04
 FORWARD_LAUNCH_MS = 0.12  # per forward pass replayed from a CUDA graph (each draft pass is one)
 ALLREDUCE_US = 9.0  # per all-reduce at TP>1 (two per layer), small messages over NVLink
 # vLLM's draft_model proposer launches each draft pass layer by layer from the host (piecewise graphs,
-# attention between them). The GPU works while the host launches, so a pass costs max(roofline, host time)
+# attention between them: vLLM 0.26 v1/spec_decode/llm_base_proposer.py, initialize_cudagraph_keys gives the
+# drafter PIECEWISE graphs only, and its propose() loop rebuilds the attention metadata every pass). The GPU works while the host launches, so a pass costs max(roofline, host time)
 # and not their sum: on the H200 campaign a 28-layer 7B draft pass (3.7 ms of weight streaming) cost
 # ~5.3 ms at batch 1, about what the 28-layer 0.6B costs, while a 16-layer 1B cost ~3.5 ms.
 DRAFT_LAYER_MS = 0.21

@@ -116,7 +116,8 @@ def render(engines, passes) -> str:
     lines = [
         f"{len(engines)} engines traced ({len(allrows)} timed repeats): SM clock (median over each repeat) "
         f"{_rng((r['sm_mhz'] for r in small), '{:.0f}')} MHz at batch <= 32, "
-        f"{_rng((r['sm_mhz'] for r in large), '{:.0f}')} MHz at batch 128 (lowest for the 32B pair), CPU steal at most {max(steal, default=float('nan')):.2f} s per repeat. The busiest process "
+        f"{_rng((r['sm_mhz'] for r in large), '{:.0f}')} MHz at batch 128 (lowest for the 32B pair), "
+        f"CPU steal at most {max(steal, default=float('nan')):.2f} s per repeat. The busiest process "
         f"(vLLM's engine core) used {share(spec)} of one core in the speculative engines and {share(base) or 'n/a'} "
         "in the plain ones. Per engine and batch: step ms over the repeats (min-max), and in brackets the GPU-busy "
         "ms per step (nvidia-smi utilisation x step). Where the step varies and the GPU-busy time does not, the "

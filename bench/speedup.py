@@ -89,18 +89,23 @@ def _loop_pass_ms_per_layer(tables) -> dict:
     return out
 
 
+def _adjacent_rates(by_pair: dict):
+    """(lower rate, next higher rate) table pairs of each configuration: separate engine starts."""
+    for tables in by_pair.values():
+        by_rate = sorted(tables, key=lambda t: t.acceptance)
+        yield from zip(by_rate, by_rate[1:])
+
+
 def _cross_rate_step_ratios(by_pair: dict) -> list[float]:
     """Steady-state step cost of the same (K, batch) from the tables of one configuration at two synthetic
     rates, lower rate over higher: separate engine starts, and a rate that should not change the step."""
     ratios = []
-    for tables in by_pair.values():
-        by_rate = sorted(tables, key=lambda t: t.acceptance)
-        for lo, hi in zip(by_rate, by_rate[1:]):
-            for k in set(lo.ks) & set(hi.ks):
-                for b in set(lo.batches) & set(hi.batches):
-                    a, c = lo.spec_step_ms(k, b), hi.spec_step_ms(k, b)
-                    if a and c:
-                        ratios.append(a / c)
+    for lo, hi in _adjacent_rates(by_pair):
+        for k in set(lo.ks) & set(hi.ks):
+            for b in set(lo.batches) & set(hi.batches):
+                a, c = lo.spec_step_ms(k, b), hi.spec_step_ms(k, b)
+                if a and c:
+                    ratios.append(a / c)
     return ratios
 
 
@@ -111,20 +116,18 @@ def _line_vs_raw_across_starts(by_pair: dict) -> dict:
     from draftfit.stepcost import _linear_fit
 
     out = {"raw": [], "line": []}
-    for tables in by_pair.values():
-        by_rate = sorted(tables, key=lambda t: t.acceptance)
-        for lo, hi in zip(by_rate, by_rate[1:]):
-            for src, other in ((lo, hi), (hi, lo)):
-                for b in set(src.batches) & set(other.batches):
-                    ks = [k for k in src.ks if src.spec_step_ms(k, b)]
-                    if len(ks) < 3:
-                        continue
-                    a, slope = _linear_fit(ks, [src.spec_step_ms(k, b) for k in ks])
-                    for k in ks:
-                        ref = other.spec_step_ms(k, b)
-                        if ref:
-                            out["raw"].append(abs(src.spec_step_ms(k, b) / ref - 1))
-                            out["line"].append(abs((a + slope * k) / ref - 1))
+    for lo, hi in _adjacent_rates(by_pair):
+        for src, other in ((lo, hi), (hi, lo)):
+            for b in set(src.batches) & set(other.batches):
+                ks = [k for k in src.ks if src.spec_step_ms(k, b)]
+                if len(ks) < 3:
+                    continue
+                a, slope = _linear_fit(ks, [src.spec_step_ms(k, b) for k in ks])
+                for k in ks:
+                    ref = other.spec_step_ms(k, b)
+                    if ref:
+                        out["raw"].append(abs(src.spec_step_ms(k, b) / ref - 1))
+                        out["line"].append(abs((a + slope * k) / ref - 1))
     return out
 
 
@@ -188,8 +191,8 @@ def summarize(result: dict) -> dict:
     if not cases:
         return {}
 
-    def err(key, subset=None):
-        return [abs(c[key] / c["measured"] - 1) for c in (cases if subset is None else subset)]
+    def err(key, subset=None, ref="measured"):
+        return [abs(c[key] / c[ref] - 1) for c in (cases if subset is None else subset)]
 
     def mean(xs):
         return sum(xs) / len(xs) if xs else float("nan")
@@ -200,21 +203,20 @@ def summarize(result: dict) -> dict:
     quiet = [c for c in cases if c.get("repeat_spread") is not None and c["repeat_spread"] <= NOISY]
     restarted = [c["engine_spread"] for c in cases if c.get("engine_spread") is not None]
     e_d, e_l, e_r, e_q = err("draftfit"), err("leviathan"), err("roofline"), err("draftfit", quiet)
-    e_p = [abs(c["draftfit"] / c["pooled"] - 1) for c in cases if c.get("pooled")]
+    e_p = err("draftfit", [c for c in cases if c.get("pooled")], ref="pooled")
     multi = [b for b in best if b["n_k"] > 1]
     cross = [abs(r - 1) for r in result.get("cross_rate", [])]
     return {"n": len(cases), "n_pairs": result.get("n_pairs"), "rates": result.get("rates", []),
             "loop_ms": result.get("loop_ms", {}),
             "n_cross": len(cross), "cross_within15": within(cross),
-            "cross_median": sorted(cross)[len(cross) // 2] if cross else None, "mape_draftfit": mean(e_d), "mape_leviathan": mean(e_l),
+            "cross_median": sorted(cross)[len(cross) // 2] if cross else None,
+            "mape_draftfit": mean(e_d), "mape_leviathan": mean(e_l),
             "mape_roofline": mean(e_r), "within15_roofline": within(e_r), "within15_draftfit": within(e_d),
             "within15_leviathan": within(e_l), "n_quiet": len(quiet), "mape_quiet": mean(e_q),
             "line_vs_raw": {key: (mean(v), len(v)) for key, v in result.get("line_vs_raw", {}).items()},
             "within15_quiet": within(e_q), "n_pooled": len(e_p), "mape_pooled": mean(e_p),
             "within15_pooled": within(e_p),
-            "per_config_pooled": {cfg: _config_errors([c["draftfit"] / c["pooled"] - 1 for c in cases
-                                                       if c["config"] == cfg and c.get("pooled")])
-                                  for cfg in sorted({c["config"] for c in cases if c.get("pooled")})},
+            "per_config_pooled": _per_config(cases, "pooled"),
             "n_restarted": len(restarted), "restart_within15": within(restarted),
             "restarted_configs": _restarted_configs(cases),
             "engine_spread_median": sorted(restarted)[len(restarted) // 2] if restarted else None,
@@ -231,8 +233,16 @@ def summarize(result: dict) -> dict:
             # gives the same advice: run without speculation.
             "bestk_multi_dont": sum(1 for b in multi if not b["ok"] and b["s_measured"] < NO_SPECULATION_BELOW
                                     and b["p_best"] < NO_SPECULATION_BELOW),
-            "per_config": {cfg: _config_errors([c["draftfit"] / c["measured"] - 1 for c in cases if c["config"] == cfg])
-                           for cfg in sorted({c["config"] for c in cases})}}
+            "per_config": _per_config(cases, "measured")}
+
+
+def _per_config(cases, ref: str) -> dict:
+    """{configuration: _config_errors of draftfit against c[ref]} over the cases that have a `ref`."""
+    by_cfg: dict = {}
+    for c in cases:
+        if c.get(ref):
+            by_cfg.setdefault(c["config"], []).append(c["draftfit"] / c[ref] - 1)
+    return {cfg: _config_errors(errs) for cfg, errs in sorted(by_cfg.items())}
 
 
 def _config_errors(signed: list) -> dict:

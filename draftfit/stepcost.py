@@ -44,9 +44,10 @@ FORWARD_LAUNCH_MS = 0.12  # per forward pass replayed from a CUDA graph (each dr
 ALLREDUCE_US = 9.0  # per all-reduce at TP>1 (two per layer), small messages over NVLink
 # vLLM's draft_model proposer launches each draft pass layer by layer from the host (piecewise graphs,
 # attention between them: vLLM 0.26 v1/spec_decode/llm_base_proposer.py, initialize_cudagraph_keys gives the
-# drafter PIECEWISE graphs only, and its propose() loop rebuilds the attention metadata every pass). The GPU works while the host launches, so a pass costs max(roofline, host time)
-# and not their sum: on the H200 campaign a 28-layer 7B draft pass (3.7 ms of weight streaming) cost
-# ~5.3 ms at batch 1, about what the 28-layer 0.6B costs, while a 16-layer 1B cost ~3.5 ms.
+# drafter PIECEWISE graphs only, and its propose() loop rebuilds the attention metadata every pass). The GPU
+# works while the host launches, so a pass costs max(roofline, host time) and not their sum: on the H200
+# campaign a 28-layer 7B draft pass (3.7 ms of weight streaming) cost ~5.3 ms at batch 1, about what the
+# 28-layer 0.6B costs, while a 16-layer 1B cost ~3.5 ms.
 DRAFT_LAYER_MS = 0.21
 # The same host cost when TP > 1: the model then runs in worker processes apart from the engine core's
 # scheduler loop (70B TP=2 + 1B/8B drafts against the TP=1 pairs, fitted per TP).
@@ -330,22 +331,20 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
     ks = list(k_values)
     tables = find_tables(t.name, d.name, g.name, tp, calibration_dir)
     table = PooledSteps(tables) if tables else None
+    ov = fitted_overheads(calibration_dir)
     per_batch, notes = {}, []
     for b in batches:
         sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len) \
             if table else None
         if sc is None:
-            sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len,
-                                 overheads=fitted_overheads(calibration_dir))
+            sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov)
         per_batch[b] = sc
     sources = {sc.source for sc in per_batch.values()}
     if table is None:
-        ov = fitted_overheads(calibration_dir)
         fitted = f"overheads fitted on {ov['n_spec']} calibrated points" if ov.get("n_spec") else "prior overheads"
         notes.append(f"no calibration table for {t.name} + {d.name} on {g.name} TP={tp}: roofline prior with "
                      f"{fitted} (±{PRIOR_UNCERTAINTY:.0%})")
-    host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len,
-                                overheads=fitted_overheads(calibration_dir))
+    host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len, overheads=ov)
     if host_note:
         notes.append(host_note)
     return StepCostModel(target=t.name, draft=d.name, gpu=g.name, tp=tp, context_len=context_len,

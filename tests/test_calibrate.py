@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -216,24 +217,27 @@ def test_gpu_trace_parses_nvidia_smi_lines_and_is_empty_without_a_gpu():
     assert trace.samples() == [] or all(len(s) == 4 for s in trace.samples())
 
 
-def test_host_trace_counts_the_cpu_time_of_a_busy_grandchild():
-    """The engine core is a child of the worker process: its CPU seconds reach the repeat's host row."""
-    import subprocess
-    import sys
-    import time
-
-    from draftfit.calibrate_worker import host_delta, host_snapshot
-
-    burn = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass\n"
+@contextlib.contextmanager
+def _busy_grandchild(burn: str):
+    """A child process that runs `burn` in its own child, as the worker runs vLLM's engine core; yields
+    the child's Popen and waits for it on exit."""
     spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"
     child = subprocess.Popen([sys.executable, "-c", spawn])
     try:
+        yield child
+    finally:
+        child.wait()
+
+
+def test_host_trace_counts_the_cpu_time_of_a_busy_grandchild():
+    """The engine core is a child of the worker process: its CPU seconds reach the repeat's host row."""
+    from draftfit.calibrate_worker import host_delta, host_snapshot
+
+    with _busy_grandchild("import time\nt = time.time()\nwhile time.time() - t < 1.5: pass\n") as child:
         time.sleep(0.3)
         before = host_snapshot()
         time.sleep(0.8)
         row = host_delta(host_snapshot(), before)
-    finally:
-        child.wait()
     assert row["busy_s"] >= 0.5 and row["steal_s"] >= 0
     busiest = row["procs"][0]
     assert 0.5 <= busiest["cpu_s"] <= 1.2 and busiest["pid"] != child.pid  # the grandchild, not the spawner
@@ -243,18 +247,12 @@ def test_host_trace_counts_the_cpu_time_of_a_busy_grandchild():
 def test_pyspy_record_names_the_function_a_busy_grandchild_spends_its_time_in(tmp_path):
     """The worker's py-spy record of the engine core: a real py-spy on a real busy process (the brief's
     grandchild layout), summarised to self and inclusive time."""
-    import subprocess
-    import sys
-    import time
-
     from draftfit.calibrate_worker import PySpyRecord, host_delta, host_snapshot
 
     assert PySpyRecord.binary(), "py-spy is part of the [full] extra"
     burn = ("import time\ndef spin_here():\n    t = time.time()\n    while time.time() - t < 0.05: pass\n"
             "t0 = time.time()\nwhile time.time() - t0 < 4: spin_here()\n")
-    spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"
-    child = subprocess.Popen([sys.executable, "-c", spawn])
-    try:
+    with _busy_grandchild(burn):
         time.sleep(0.5)
         before = host_snapshot()
         time.sleep(0.5)
@@ -263,8 +261,6 @@ def test_pyspy_record_names_the_function_a_busy_grandchild_spends_its_time_in(tm
         with spy:
             pass
         summary = spy.summary()
-    finally:
-        child.wait()
     if "error" in summary and "ermission" in summary["error"]:
         pytest.skip(f"no ptrace rights here: {summary['error']}")
     assert summary["samples"] >= 50, summary

@@ -179,7 +179,7 @@ class PySpyRecord:
         try:
             self.proc = subprocess.Popen([exe, "record", "--pid", str(self.pid), "--duration", str(self.seconds),
                                           "--rate", str(self.rate_hz), "--format", "raw", "--nonblocking",
-                                          "--output", self.out_path],
+                                          "--threads", "--output", self.out_path],
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         except OSError as exc:
             self.error = repr(exc)
@@ -199,16 +199,20 @@ class PySpyRecord:
     def summary(self) -> dict:
         try:
             with open(self.out_path) as f:
-                return dict(parse_pyspy_raw(f.read()), pid=self.pid, seconds=self.seconds)
+                return dict(parse_pyspy_raw(f.read(), rate_hz=self.rate_hz, seconds=self.seconds), pid=self.pid,
+                            seconds=self.seconds, rate_hz=self.rate_hz)
         except OSError:
             return {"error": self.error or "no py-spy output", "pid": self.pid}
 
 
-def parse_pyspy_raw(text: str, top: int = 25) -> dict:
+def parse_pyspy_raw(text: str, top: int = 25, rate_hz: int | None = None, seconds: float | None = None) -> dict:
     """py-spy's raw (collapsed) format, 'outer (file:line);...;leaf (file:line) COUNT' per line, -> the
     sample count, the leaf frames with the most samples (self time, with their line) and the functions
-    on the most stacks (inclusive time, file base name, no line)."""
-    samples, leaf, inclusive = 0, {}, {}
+    on the most stacks (inclusive time, file base name, no line). Recorded with --threads, each stack
+    starts with 'thread (TID): NAME'; py-spy drops the samples of a thread that is off the CPU (waiting
+    on a lock, the GIL or a socket), so a thread's samples over rate x seconds is the share of the time it
+    was running: below 1 for the engine core's main thread means its step time is not all its own work."""
+    samples, leaf, inclusive, threads = 0, {}, {}, {}
     for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
@@ -216,11 +220,22 @@ def parse_pyspy_raw(text: str, top: int = 25) -> dict:
         n = int(count)
         samples += n
         frames = stack.split(";")
+        if frames[0].startswith("thread ("):
+            head = frames.pop(0)
+            name = head.partition(": ")[2] or head  # an unnamed thread keeps 'thread (TID)'
+            threads[name] = threads.get(name, 0) + n
+            if not frames:
+                continue
         leaf[frames[-1]] = leaf.get(frames[-1], 0) + n
         for fn in {re.sub(r"\((.*/)?([^/:]*)(:\d+)?\)$", r"(\2)", fr) for fr in frames}:
             inclusive[fn] = inclusive.get(fn, 0) + n
     best = lambda d: sorted(d.items(), key=lambda kv: -kv[1])[:top]  # noqa: E731
-    return {"samples": samples, "self": best(leaf), "inclusive": best(inclusive)}
+    out = {"samples": samples, "self": best(leaf), "inclusive": best(inclusive)}
+    if threads:
+        out["threads"] = best(threads)
+        if rate_hz and seconds:
+            out["thread_running_share"] = {t: round(n / (rate_hz * seconds), 3) for t, n in best(threads)}
+    return out
 
 
 def host_snapshot(root_pid: int | None = None) -> dict:

@@ -266,4 +266,9 @@ def test_pyspy_record_names_the_function_a_busy_grandchild_spends_its_time_in(tm
     assert summary["samples"] >= 50, summary
     assert summary["inclusive"][0][1] >= 0.9 * summary["samples"]
     assert any(fn.startswith("spin_here") for fn, _ in summary["inclusive"][:3])
+    # --threads: the spinning main thread ran all the time; the thread frame is not a function.
+    # (py-spy names a thread only when the process imported threading; this script did not.)
+    main_thread = summary["threads"][0][0]
+    assert main_thread.startswith("thread (") and summary["thread_running_share"][main_thread] >= 0.5
+    assert not any(fn.startswith("thread (") for fn, _ in summary["inclusive"])
     assert PySpyRecord(busiest, 1, str(tmp_path / "none.txt")).summary()["error"]

@@ -229,19 +229,34 @@ def _busy_grandchild(burn: str):
         child.wait()
 
 
-def test_host_trace_counts_the_cpu_time_of_a_busy_grandchild():
-    """The engine core is a child of the worker process: its CPU seconds reach the repeat's host row."""
+def test_host_trace_counts_the_cpu_time_of_a_busy_grandchild(tmp_path):
+    """The engine core is a child of the worker process: its CPU seconds reach the repeat's host row. The
+    grandchild burns exactly 1 s of its own CPU time between two files, so the check holds on a loaded
+    machine too (wall time may stretch, CPU time does not)."""
     from draftfit.calibrate_worker import host_delta, host_snapshot
 
-    with _busy_grandchild("import time\nt = time.time()\nwhile time.time() - t < 1.5: pass\n") as child:
-        time.sleep(0.3)
+    ready, go, done = (str(tmp_path / n) for n in ("ready", "go", "done"))
+    burn = (f"import os, time\nopen({ready!r}, 'w').close()\n"
+            f"while not os.path.exists({go!r}): time.sleep(0.01)\n"
+            "t = time.process_time()\nwhile time.process_time() - t < 1.0: pass\n"
+            f"open({done!r}, 'w').close()\ntime.sleep(3)\n")
+    with _busy_grandchild(burn) as child:
+        _wait_for_file(ready)
         before = host_snapshot()
-        time.sleep(0.8)
+        open(go, "w").close()
+        _wait_for_file(done)
         row = host_delta(host_snapshot(), before)
     assert row["busy_s"] >= 0.5 and row["steal_s"] >= 0
     busiest = row["procs"][0]
-    assert 0.5 <= busiest["cpu_s"] <= 1.2 and busiest["pid"] != child.pid  # the grandchild, not the spawner
+    assert 0.9 <= busiest["cpu_s"] <= 1.3 and busiest["pid"] != child.pid  # the grandchild, not the spawner
     assert host_delta({}, before) == {}
+
+
+def _wait_for_file(path: str, timeout_s: float = 60) -> None:
+    t0 = time.time()
+    while not os.path.exists(path):
+        assert time.time() - t0 < timeout_s, f"{path} never appeared"
+        time.sleep(0.01)
 
 
 def test_pyspy_record_names_the_function_a_busy_grandchild_spends_its_time_in(tmp_path):

@@ -255,9 +255,10 @@ def _linear_fit(ks: list[int], ys: list[float]) -> tuple[float, float]:
 
 
 def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp: int = 1,
-                         context_len: int = 1024) -> StepCost | None:
+                         context_len: int = 1024, overheads: dict | None = None) -> StepCost | None:
     """Step costs from a calibration table; outside its batch range, the measured values at the nearest
-    edge are scaled by the roofline's ratio between the two batch sizes."""
+    edge are scaled by the roofline's ratio between the two batch sizes. `overheads` (default: fitted on
+    the shipped tables) shape the K curve where only one K is measured."""
     base_pts = {int(b): r["step_ms"] for b, r in table.baseline.items() if r.get("step_ms")}
     spec_pts = {int(k): {int(b): table.spec_step_ms(int(k), int(b)) for b, r in rows.items() if r.get("step_ms")}
                 for k, rows in table.spec.items()}
@@ -287,7 +288,7 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
     else:  # one K measured: the prior's step costs over K, scaled to pass through the measured one
         (k0, m0), = measured.items()
         pr = prior_step_cost(target, draft, gpu, batch=anchor, k_values=sorted({k0, k0 + 1, *k_values}), tp=tp,
-                             context_len=context_len, overheads=fitted_overheads())
+                             context_len=context_len, overheads=overheads or fitted_overheads())
         f = m0 / pr.spec_step_ms[k0]
         for k in k_values:
             spec[k] = (measured[k] if k in measured else pr.spec_step_ms[k] * f) * scale
@@ -334,8 +335,8 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
     ov = fitted_overheads(calibration_dir)
     per_batch, notes = {}, []
     for b in batches:
-        sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len) \
-            if table else None
+        sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len,
+                                  overheads=ov) if table else None
         if sc is None:
             sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov)
         per_batch[b] = sc

@@ -29,6 +29,7 @@ Phases (the lead launches each as its own command):
            plus Qwen K=4 with the engine core in the worker process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
   T2 / T3  in-process baselines and Llama K=6 / Qwen K=4 alternating multiprocess and in-process, with py-spy
   T4       py-spy on multiprocess starts that enter the tables: Llama K=4, Qwen3 K=6 and K=2
+  P        one GPU: Qwen3-32B + Qwen3-1.7B (baseline, K 2, 4, 1, 3; 3 repeats), predicted beforehand (data/predictions/)
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
 """
@@ -156,6 +157,8 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # Llama K=4 beside Qwen3 K=2 and K=6, to see whether the 1B draft's engine core runs as busy.
         "T4": [("gpu0", "0", 90, [e for t, d, k in ((l8, l1, 4), (q8, q06, 6), (q8, q06, 2)) for e in _restarts(
             t, d, (k,), suffix="-t4", repeats=5, gpu_trace=True, pyspy=True)])],
+        # A configuration never measured before, predicted first (data/predictions/, committed before this ran).
+        "P": [("gpu0", "0", 120, pair_lane("Qwen3-32B", "Qwen3-1.7B", [2, 4, 1, 3], repeats=3))],
         "T2": [("gpu0", "0", 90, [e for t, d, k in ((q8, q06, 0), (l8, l1, 0), (l8, l1, 6)) for e in _restarts(
             t, d, (k,), suffix="-t-inproc", repeats=7, gpu_trace=True, env=_INPROC)])],
         "A-llama": [("gpu0", "0", 90, pair_lane(l8, l1, ks))],

@@ -43,14 +43,17 @@ def repeat_rows(batch_row: dict) -> list[dict]:
                     "gpu_busy_ms": step_ms * statistics.median(s[3] for s in samples) / 100 if samples else None,
                     "sm_mhz": statistics.median(s[1] for s in samples) if samples else None,
                     "steal_s": host.get("steal_s"),
-                    "cpu_share": procs[0]["cpu_s"] / wall if procs and wall else None})
+                    "cpu_share": procs[0]["cpu_s"] / wall if procs and wall else None,
+                    "cpu_ms_per_step": 1000 * procs[0]["cpu_s"] / n if procs and n else None})
     return out
 
 
 def traced_engines(paths) -> list[dict]:
+    """Engines with a GPU trace, in the order they ran (by their file's start time, then within it)."""
     engines = []
-    for path in paths:
-        for entry in json.loads(Path(path).read_text()).get("configs", []):
+    loaded = [(json.loads(Path(p).read_text()), p) for p in paths]
+    for lane, path in sorted(loaded, key=lambda lp: lp[0].get("started_unix") or 0):
+        for entry in lane.get("configs", []):
             res = entry.get("result") or {}
             per_batch = {int(b): repeat_rows(r) for b, r in (res.get("batches") or {}).items() if "tM_s" in r}
             per_batch = {b: rows for b, rows in per_batch.items() if rows and rows[0]["sm_mhz"] is not None}
@@ -77,18 +80,34 @@ def further_pass_ms(tables) -> list[dict]:
     return out
 
 
+def _stem(engine_id: str) -> str:
+    """The configuration of an engine id: 'Qwen3-8B-Qwen3-0.6B-k4-tp1-t3b-inproc' -> '...-k4-tp1'."""
+    return engine_id.split("-tp", 1)[0] + "-tp" + engine_id.split("-tp", 1)[1].split("-", 1)[0]
+
+
 def _in_process_pairs(engines) -> dict:
-    """{engine id: {batch: median step in-process / median step multiprocess}} where both ran."""
-    by_id = {e["id"]: e for e in engines}
+    """{multiprocess engine id: {batch: (median step in-process / multiprocess, the same for the engine
+    core's CPU ms per step)}}, each in-process engine paired with the multiprocess start of the same
+    configuration that ran just before it (the same lent machine, minutes apart)."""
     out = {}
-    for e in engines:
-        if not e["in_process"] or not e["id"].endswith("-inproc"):
+    for i, e in enumerate(engines):
+        if not e["in_process"]:
             continue
-        other = by_id.get(e["id"].removesuffix("-inproc"))
-        if other:
-            out[other["id"]] = {b: statistics.median(r["step_ms"] for r in e["per_batch"][b])
-                                / statistics.median(r["step_ms"] for r in other["per_batch"][b])
-                                for b in sorted(set(e["per_batch"]) & set(other["per_batch"]))}
+        before = [o for o in engines[:i] if not o["in_process"] and _stem(o["id"]) == _stem(e["id"])]
+        if not before:
+            continue
+        other = before[-1]
+
+        def med(eng, b, key):
+            vals = [r[key] for r in eng["per_batch"][b] if r.get(key)]
+            return statistics.median(vals) if vals else None
+
+        ratios = {}
+        for b in sorted(set(e["per_batch"]) & set(other["per_batch"])):
+            cpu_in, cpu_mp = med(e, b, "cpu_ms_per_step"), med(other, b, "cpu_ms_per_step")
+            ratios[b] = (med(e, b, "step_ms") / med(other, b, "step_ms"),
+                         cpu_in / cpu_mp if cpu_in and cpu_mp else None)
+        out[other["id"]] = ratios
     return out
 
 
@@ -127,20 +146,32 @@ def render(engines, passes) -> str:
     ]
     pairs = _in_process_pairs(engines)
     if pairs:
-        lines += ["", "The same engine with vLLM's engine core in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0, "
-                  "a diagnostic: `vllm serve` runs it as its own process, so these never enter a table), median step "
-                  "in-process / multiprocess per batch: " + "; ".join(
-                      f"{base} " + ", ".join(f"b{b} {r:.2f}" for b, r in ratios.items()) for base, ratios in pairs.items())
-                  + ". One start each: whether Qwen3-0.6B's costly multiprocess passes come from the process layout "
-                  "or from that start's host state needs more starts."]
+        qwen = [r for eid, rs in pairs.items() if eid.startswith("Qwen3") for r, _ in rs.values()]
+        other = [r for eid, rs in pairs.items() if not eid.startswith("Qwen3") for r, _ in rs.values()]
+        lines += ["", "The same configuration with vLLM's engine core in the calling process "
+                  "(VLLM_ENABLE_V1_MULTIPROCESSING=0, a diagnostic: `vllm serve` runs it as its own process, so these "
+                  "never enter a table), started right after a multiprocess start on the same machine; median step "
+                  "in-process / multiprocess per batch (in brackets the same for the engine core's CPU ms per step): "
+                  + "; ".join(f"{eid} " + ", ".join(f"b{b} {r:.2f}" + (f" ({c:.2f})" if c else "")
+                                                     for b, (r, c) in ratios.items())
+                              for eid, ratios in pairs.items()) + "."
+                  + (f" Qwen3-8B + Qwen3-0.6B ran faster in-process in {sum(r < 1 for r in qwen)} of {len(qwen)} "
+                     f"(start, batch) pairs ({_rng(qwen, '{:.2f}')}x the multiprocess step)" if qwen else "")
+                  + (f", the Llama pair did not ({_rng(other, '{:.2f}')}x)" if other else "")
+                  + ". The engine core is on the CPU all the time in both layouts and its CPU time per step moves "
+                  "with the step: where the layout matters, the multiprocess core runs the same Python more slowly. The absolute steps also "
+                  "move between lent machines (see the table above): a host-bound step is a property of the host."]
     spied = [e for e in engines if e.get("pyspy")]
     if spied:
-        lines += ["", "py-spy on the engine core during one repeat (share of samples on the stack, the 8 "
-                  "functions seen most):", ""]
-        lines += [markdown_table(["engine", "batch", "samples", "functions (share of samples)"],
-                                 [[e["id"], b, spy["samples"], ", ".join(f"{fn} {n / spy['samples']:.0%}"
-                                                                         for fn, n in spy["inclusive"][:8])]
-                                  for e in spied for b, spy in sorted(e["pyspy"].items())])]
+        lines += ["", "py-spy on the engine core during one repeat (250 Hz, --threads): the leaf frames with the most "
+                  "samples (self time, share of the samples) at batch 1 and 32. The profile has the same shape in both "
+                  "layouts (custom-op dispatch, Tensor.split of the KV cache per layer, CUDA-graph replay): in the Qwen3 "
+                  "pairs the multiprocess core does the same work, more slowly.", ""]
+        lines += [markdown_table(["engine", "batch", "samples", "leaf frames (share of samples)"],
+                                 [[e["id"] + (" (in-process)" if e["in_process"] else ""), b, spy["samples"],
+                                   ", ".join(f"{fn.split(' (')[0]} ({fn.split(' (')[-1].split('/')[-1]} "
+                                             f"{n / spy['samples']:.0%}" for fn, n in spy["self"][:6])]
+                                  for e in spied for b, spy in sorted(e["pyspy"].items()) if b in (1, 32)])]
     if passes:
         lines += ["", "Cost of each further draft pass at batch 1 (ms per pass between the measured K, steady-state "
                   "steps of the calibration tables):", "",

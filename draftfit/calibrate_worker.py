@@ -205,7 +205,7 @@ class PySpyRecord:
             return {"error": self.error or "no py-spy output", "pid": self.pid}
 
 
-def parse_pyspy_raw(text: str, top: int = 25, rate_hz: int | None = None, seconds: float | None = None) -> dict:
+def parse_pyspy_raw(text: str, top: int = 80, rate_hz: int | None = None, seconds: float | None = None) -> dict:
     """py-spy's raw (collapsed) format, 'outer (file:line);...;leaf (file:line) COUNT' per line, -> the
     sample count, the leaf frames with the most samples (self time, with their line) and the functions
     on the most stacks (inclusive time, file base name, no line). Recorded with --threads, each stack

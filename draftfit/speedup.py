@@ -224,8 +224,9 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         for k in ks:
             ratio = sc.base_step_ms / sc.spec_step_ms[k]
             e, e_lo, e_hi = (expected_tokens_per_step(x, k) for x in (acc, acc_lo, acc_hi))
-            per_k[k] = {"speedup": e * ratio, "low": e_lo * ratio * (1 - sc.uncertainty),
-                        "high": e_hi * ratio * (1 + sc.uncertainty), "expected_tokens_per_step": e,
+            band = sc.band(k)
+            per_k[k] = {"speedup": e * ratio, "low": e_lo * ratio * (1 - band),
+                        "high": e_hi * ratio * (1 + band), "expected_tokens_per_step": e,
                         "spec_step_ms": sc.spec_step_ms[k], "tpot_ms": sc.spec_step_ms[k] / e}
         best = max(ks, key=lambda k: per_k[k]["speedup"])
         best_s = per_k[best]["speedup"]

@@ -15,6 +15,7 @@ TPOT within 3 % of the best, in >= 80 % of held-out (configuration, batch) cases
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -425,6 +426,70 @@ def leviathan_table4() -> str:
     ])
 
 
+PREDICTIONS = ROOT / "data" / "predictions"
+
+
+def preregistered(tables, folder: Path = PREDICTIONS) -> list[dict]:
+    """Predictions written before their configuration was measured (data/predictions/*.json, each the
+    JSON of a `draftfit speedup` call), scored against the table measured afterwards: per (batch, K), the
+    predicted speedup and band against the measured steady-state speedup. Files whose table is not there
+    yet are listed with no points."""
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        rec = json.loads(path.read_text())
+        pred = rec["prediction"]
+        alpha = pred.get("alpha")
+        table = next((t for t in tables if (t.target, t.draft, t.gpu, t.tp) == (pred["target"], pred["draft"],
+                      pred["gpu"], pred["tp"]) and alpha is not None and abs(t.acceptance - alpha) < 1e-9), None)
+        points = []
+        for b, row in (pred["batches"] if table else {}).items():
+            for k, pk in row["per_k"].items():
+                measured = table.speedup(int(k), int(b))
+                if measured:
+                    points.append({"batch": int(b), "k": int(k), "predicted": pk["speedup"], "low": pk["low"],
+                                   "high": pk["high"], "measured": measured})
+        out.append({"file": path.name, "target": pred["target"], "draft": pred["draft"], "gpu": pred["gpu"],
+                    "tp": pred["tp"], "alpha": alpha, "created": rec.get("created_utc"), "points": points,
+                    "best": {b: (row["best_k"], row["speedup"]) for b, row in pred["batches"].items()}})
+    return out
+
+
+def render_preregistered(records: list[dict]) -> str:
+    lines = []
+    for r in records:
+        head = (f"Pre-registered: {r['target']} + {r['draft']} on {r['gpu']} TP={r['tp']} at acceptance "
+                f"{r['alpha']:g}, predicted on {r['created']} before any engine of this configuration ran "
+                f"(data/predictions/{r['file']}; measured by campaign phase P)")
+        pts = r["points"]
+        if not pts:
+            lines += [head + ": not measured yet."]
+            continue
+        errs = [abs(p["predicted"] / p["measured"] - 1) for p in pts]
+        in_band = sum(p["low"] <= p["measured"] <= p["high"] for p in pts)
+        lines += [head + f": mean abs error {sum(errs) / len(errs):.1%}, {sum(e <= 0.15 for e in errs)} of "
+                  f"{len(pts)} points within 15 %, {in_band} of {len(pts)} inside the printed band.", "",
+                  markdown_table(["batch", "K", "predicted [band]", "measured", "error"],
+                                 [[p["batch"], p["k"], f"{p['predicted']:.2f} [{p['low']:.2f}-{p['high']:.2f}]",
+                                   f"{p['measured']:.2f}", f"{p['predicted'] / p['measured'] - 1:+.0%}"]
+                                  for p in sorted(pts, key=lambda p: (p["batch"], p["k"]))])]
+        by_b: dict = {}
+        for p in pts:
+            by_b.setdefault(p["batch"], []).append(p)
+        verdicts = []
+        for b, ps in sorted(by_b.items()):
+            if len(ps) < 2:
+                continue
+            meas = max(ps, key=lambda p: p["measured"])
+            k_pred = r["best"].get(str(b), (None,))[0]
+            at_pred = next((p for p in ps if p["k"] == k_pred), None)
+            ok = at_pred is not None and meas["measured"] / at_pred["measured"] <= 1.03
+            verdicts.append(f"batch {b}: predicted K={k_pred}, measured best K={meas['k']} ({meas['measured']:.2f}x)"
+                            + ("" if ok else " ✗"))
+        if verdicts:
+            lines += ["", "Best K among the measured K: " + "; ".join(verdicts) + "."]
+    return "\n".join(lines)
+
+
 def plot_held_out(result: dict, out_dir: Path) -> list[Path]:
     """One PNG per configuration with 2+ measured K: speedup vs K per batch size, draftfit's prediction
     with that configuration held out (line) against the measurement (crosses)."""
@@ -475,6 +540,9 @@ def main(argv=None) -> int:
         plots = plot_held_out(result, args.plot_dir)
         text += "\n\nHeld-out predictions against K: " + ", ".join(
             f"[{p.stem}](docs/speedup/{p.name})" for p in plots) + "."
+    pre = render_preregistered(preregistered(tables)) if tables else ""
+    if pre:
+        text += "\n\n" + pre
     text += "\n\n" + leviathan_table4()
     print(text)
     if not args.no_readme:

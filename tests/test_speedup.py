@@ -480,3 +480,26 @@ def test_calibrated_steps_follow_a_line_over_k_that_predicts_another_start_bette
     errs = bench._line_vs_raw_across_starts(by_pair)
     assert len(errs["raw"]) >= 60
     assert sum(errs["line"]) < sum(errs["raw"])
+
+
+def test_preregistered_predictions_are_scored_against_the_table_measured_afterwards(tmp_path):
+    """A `draftfit speedup --json` record in data/predictions/ is matched to the calibration table of its
+    pair and rate, point by point; without a table it is listed as not measured yet."""
+    bench = _bench("speedup")
+    from draftfit.calibrate import load_tables
+
+    res = subprocess.run([sys.executable, "-m", "draftfit", "speedup", "--target", "Qwen3-8B", "--draft",
+                          "Qwen3-0.6B", "--gpu", "H200", "--alpha", "0.8", "--batch", "1,32", "--json"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "p.json").write_text(json.dumps({"prediction": json.loads(res.stdout), "created_utc": "x"}))
+    tables = load_tables()
+    rec, = bench.preregistered(tables, folder=tmp_path)
+    table = next(t for t in tables if t.target == "Qwen3-8B" and t.acceptance == 0.8)
+    assert {(p["batch"], p["k"]) for p in rec["points"]} == {(b, int(k)) for b in (1, 32) for k in table.spec}
+    p = next(p for p in rec["points"] if (p["batch"], p["k"]) == (1, 4))
+    assert p["measured"] == table.speedup(4, 1) and p["low"] <= p["predicted"] <= p["high"]
+    text = bench.render_preregistered([rec])
+    assert "Best K among the measured K: batch 1:" in text and "inside the printed band" in text
+    none, = bench.preregistered([t for t in tables if t.target != "Qwen3-8B"], folder=tmp_path)
+    assert none["points"] == [] and "not measured yet" in bench.render_preregistered([none])

@@ -143,6 +143,7 @@ class SpeedupPrediction:
     notes: list = field(default_factory=list)
     corrected_by: str | None = None  # the learned model's name when it adjusted the numbers
     citation: str = LEVIATHAN
+    context_len: int | None = None  # mean tokens of context per sequence the step costs assume
 
 
 def _acceptance_parts(acceptance):
@@ -265,7 +266,7 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         target=model.target, draft=model.draft, gpu=model.gpu, tp=tp, alpha=alpha,
         acceptance_curve=extend_curve(acc, max(ks)) if isinstance(acc, list) else [alpha ** (i + 1) for i in range(max(ks))],
         acceptance_source=acc_src, batches=out, source=model.source, verdict=verdict, recommended_k=recommended,
-        k_schedule=schedule, notes=notes, corrected_by=corrected_by)
+        k_schedule=schedule, notes=notes, corrected_by=corrected_by, context_len=context_len)
 
 
 def _apply_learned_correction(out: dict, model, acc, tp: int, notes: list) -> str | None:

@@ -59,15 +59,15 @@ DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, nex
 CUDAGRAPH_MAX_TOKENS = 512
 EAGER_LAYER_MS = 0.4
 # Relative bands. Roofline prior: the 80th percentile of its leave-one-configuration-out error on the H200
-# tables (bench/speedup.py, 144 points), split by regime, because the two are not alike: where the GPU work
-# of a step exceeds the host launch time of vLLM's draft loop (is_host_bound), 17 % (96 points); where the
-# host sets the step, 42 % (48 points): those steps move with the host CPU, between lent machines and engine
+# tables (bench/speedup.py, 152 points), split by regime, because the two are not alike: where the GPU work
+# of a step exceeds the host launch time of vLLM's draft loop (is_host_bound), 18 % (100 points); where the
+# host sets the step, 45 % (52 points): those steps move with the host CPU, between lent machines and engine
 # starts (Qwen3-8B + 0.6B K=4 at batch 1: 29-42 ms over five starts, host-trace section of the README).
 # Calibrated: the floor of CalibrationTable.step_band, what two engine starts of the quiet 32B pair differed
 # by (at most 6 %); a table whose repeats spread more gets its median repeat spread (the host-bound 8B pairs'
 # tables: 17-45 %). All checked against the shipped tables by tests/test_speedup.py.
-PRIOR_UNCERTAINTY_GPU_BOUND = 0.17
-PRIOR_UNCERTAINTY_HOST_BOUND = 0.42
+PRIOR_UNCERTAINTY_GPU_BOUND = 0.18
+PRIOR_UNCERTAINTY_HOST_BOUND = 0.45
 CALIBRATED_UNCERTAINTY = 0.06
 
 _FALLBACK_GPUS = {  # used only when catalogs/gpus.yaml is missing (data-sheet numbers)
@@ -420,7 +420,7 @@ def calibration_points(tables, *, overheads: dict | None = None):
                 row = t.spec[str(k)].get(str(b), {})
                 if not measured or not step:
                     continue
-                ctx = _ctx(row)
+                ctx = row_context_len(row)
                 prior = prior_step_cost(target, draft, gpu, batch=b, k_values=[k], tp=t.tp, context_len=ctx,
                                         overheads=overheads)
                 yield CalibrationPoint(table=t, group=group, target=target, draft=draft, gpu=gpu, batch=b, k=k,
@@ -573,6 +573,6 @@ def _solve_normal(A, y):
     return [M[i][m] / M[i][i] for i in range(m)]
 
 
-def _ctx(row: dict) -> int:
-    # Mean context during the timed decode: the prompt plus half the generated tokens.
+def row_context_len(row: dict) -> int:
+    """Mean context of a calibration row's timed decode: the prompt plus half the generated tokens."""
     return int(row.get("prompt_len", 64) + row.get("max_tokens", 96) / 2)

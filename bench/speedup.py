@@ -386,7 +386,8 @@ def _regime_sentence(regimes: dict) -> str:
     if not (gpu["n"] and host["n"] and "measured" in gpu and "measured" in host):
         return ""
     return (f" The regimes differ: a point is host-bound when the host launch time of vLLM's draft loop, (K-1) x "
-            f"draft layers x the fitted cost per layer, exceeds the step's GPU work (verify + K draft rooflines). "
+            f"draft layers x the fitted cost per layer, plus the per-layer cost of every layer where batch x (K+1) "
+            f"tokens miss the CUDA graphs, exceeds the step's GPU work (verify + K draft rooflines). "
             f"On the {gpu['n']} GPU-bound points draftfit is within 15 % of the own start's measurement in "
             f"{gpu['measured']['within15']:.0%} (80th percentile of the error {gpu['measured']['p80']:.0%}), on the "
             f"{host['n']} host-bound ones in {host['measured']['within15']:.0%} (80th percentile "

@@ -210,8 +210,10 @@ def parse_pyspy_raw(text: str, top: int = 80, rate_hz: int | None = None, second
     sample count, the leaf frames with the most samples (self time, with their line) and the functions
     on the most stacks (inclusive time, file base name, no line). Recorded with --threads, each stack
     starts with 'thread (TID): NAME'; py-spy drops the samples of a thread that is off the CPU (waiting
-    on a lock, the GIL or a socket), so a thread's samples over rate x seconds is the share of the time it
-    was running: below 1 for the engine core's main thread means its step time is not all its own work."""
+    on a lock, the GIL or a socket), so a thread's samples over rate x seconds is the share of the record
+    window it ran. The window is the first repeat's time rounded up to whole seconds and --nonblocking
+    reads miss some samples, so compare shares between threads and engines, not with 1 (the engine core's
+    CPU seconds in host_per_repeat say it was on a CPU through the whole repeat on the H200 hosts)."""
     samples, leaf, inclusive, threads = 0, {}, {}, {}
     for line in text.splitlines():
         stack, _, count = line.rpartition(" ")

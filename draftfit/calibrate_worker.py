@@ -152,6 +152,9 @@ def parse_gpu_trace(text: str) -> list:
     return out
 
 
+PYSPY_ATTACH_S = 0.5  # py-spy's start and attach, before the recorded repeat begins
+
+
 class PySpyRecord:
     """py-spy sampling one process (vLLM's engine core) beside a timed repeat (opt-in: spec `pyspy`), to
     name the Python that takes a host-bound step's time. py-spy comes as a wheel (its binary lands in
@@ -401,13 +404,15 @@ def run_engine(spec: dict, out_path: str) -> dict:
             for _ in range(repeats):
                 t1s.append(gen(batch, 1)[0])
                 before, host_before = _counters(llm), host_snapshot()
-                t_rep = _now()
                 spy = None
                 if spec.get("pyspy") and len(hosts) == 1 and hosts[0].get("procs"):
                     # The second repeat, on the process that was busiest in the first, for about its length.
-                    spy = PySpyRecord(hosts[0]["procs"][0]["pid"], math.ceil(tms[0]),
+                    spy = PySpyRecord(hosts[0]["procs"][0]["pid"], math.ceil(tms[0] + PYSPY_ATTACH_S),
                                       f"{out_path}.pyspy-b{batch}.txt")
                 with spy or contextlib.nullcontext():
+                    if spy:
+                        time.sleep(PYSPY_ATTACH_S)  # py-spy attaches first: a short repeat would be over
+                    t_rep = _now()
                     wall, ntok = gen(batch, max_tokens)
                 if spy:
                     pyspy = spy.summary()

@@ -152,6 +152,38 @@ def parse_gpu_trace(text: str) -> list:
     return out
 
 
+def host_bench(repeats: int = 3) -> dict:
+    """This host's single-thread speed at what a host-bound draft loop is made of: Python calls and torch
+    op dispatch (CPU tensors only, so CUDA stays untouched). Best of `repeats`, in microseconds. Recorded
+    per engine start so host-bound step costs can be compared across lent machines (the same engine's
+    step moved 29-42 ms between hosts)."""
+    def f(i):
+        return i + 1
+
+    out = {}
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for i in range(100_000):
+            f(i)
+        best = min(best, time.perf_counter() - t)
+    out["python_call_us"] = round(best * 1e6 / 100_000, 4)
+    try:
+        import torch
+
+        x, y = torch.zeros(1), torch.zeros(1)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for _ in range(5_000):
+                torch.add(x, 1, out=y)
+            best = min(best, time.perf_counter() - t)
+        out["torch_op_us"] = round(best * 1e6 / 5_000, 3)
+    except Exception as exc:  # torch missing or broken: the Python number still says something
+        out["torch_error"] = repr(exc)[:200]
+    return out
+
+
 PYSPY_ATTACH_S = 0.5  # py-spy's start and attach, before the recorded repeat begins
 
 
@@ -363,6 +395,7 @@ def run_engine(spec: dict, out_path: str) -> dict:
     llm = LLM(**kwargs)
     result["startup_s"] = round(_now() - t0, 2)
     result["gpu_name"] = _gpu_name()
+    result["host_bench"] = host_bench()
     try:
         cfg = llm.llm_engine.vllm_config
         result["async_scheduling"] = bool(cfg.scheduler_config.async_scheduling)

@@ -177,6 +177,9 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
         assert spy["pid"] != entry["result"].get("worker_pid")
     assert "Initializing a V1 LLM engine" in entry["log"]
     assert any("KV cache" in ln for ln in entry["memory_lines"])
+    # The host's speed at Python calls and torch dispatch, per engine start (compares lent machines).
+    bench = entry["result"]["host_bench"]
+    assert 0 < bench["python_call_us"] < 50 and 0 < bench["torch_op_us"] < 1000
 
 
 def test_each_repeat_is_divided_by_its_own_step_count():

@@ -286,7 +286,7 @@ def render(result: dict, summary: dict) -> str:
     goal_err = s["mape_draftfit"] <= 0.15 and s["within15_draftfit"] >= 0.8
     # Best K as draftfit advises it: a K, or no speculation (deliverable 4); the K-only score is shown too.
     goal_k = s["n_multi"] and s["decision_multi"] / s["n_multi"] >= 0.8
-    noise = (f" Two engine starts of the same configuration (same host, minutes apart; "
+    noise = (f" Two engine starts of the same configuration (minutes to hours apart, on several lent one-GPU hosts; "
              f"{', '.join(s['restarted_configs'])}) differed by {s['engine_spread_median']:.0%} in TPOT at the "
              f"median and up to {s['engine_spread_max']:.0%} ({s['n_restarted']} (batch, K) points; "
              f"{s['restart_within15']:.0%} within 15 %): the measurement's own floor."

@@ -97,18 +97,18 @@ def _in_process_pairs(engines) -> dict:
         if not before:
             continue
         other = before[-1]
-
-        def med(eng, b, key):
-            vals = [r[key] for r in eng["per_batch"][b] if r.get(key)]
-            return statistics.median(vals) if vals else None
-
         ratios = {}
         for b in sorted(set(e["per_batch"]) & set(other["per_batch"])):
-            cpu_in, cpu_mp = med(e, b, "cpu_ms_per_step"), med(other, b, "cpu_ms_per_step")
-            ratios[b] = (med(e, b, "step_ms") / med(other, b, "step_ms"),
+            cpu_in, cpu_mp = _median_of(e, b, "cpu_ms_per_step"), _median_of(other, b, "cpu_ms_per_step")
+            ratios[b] = (_median_of(e, b, "step_ms") / _median_of(other, b, "step_ms"),
                          cpu_in / cpu_mp if cpu_in and cpu_mp else None)
         out[other["id"]] = ratios
     return out
+
+
+def _median_of(engine: dict, batch: int, key: str) -> float | None:
+    vals = [r[key] for r in engine["per_batch"][batch] if r.get(key)]
+    return statistics.median(vals) if vals else None
 
 
 def _rng(vals, fmt="{:.1f}") -> str:

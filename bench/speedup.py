@@ -247,10 +247,9 @@ def _regime_errors(cases) -> dict:
     with its 80th percentile (what the prior's band of that regime is set to, stepcost.py)."""
     out = {"n": len(cases), "configs": sorted({c["config"].split(" ")[0] for c in cases})}
     for ref in ("measured", "pooled"):
-        errs = sorted(abs(c["draftfit"] / c[ref] - 1) for c in cases if c.get(ref))
-        if errs:
-            out[ref] = {"mean": sum(errs) / len(errs), "within15": sum(e <= 0.15 for e in errs) / len(errs),
-                        "p80": errs[int(0.8 * len(errs))]}
+        signed = [c["draftfit"] / c[ref] - 1 for c in cases if c.get(ref)]
+        if signed:
+            out[ref] = dict(_config_errors(signed), p80=sorted(map(abs, signed))[int(0.8 * len(signed))])
     return out
 
 
@@ -454,8 +453,7 @@ def preregistered(tables, folder: Path = PREDICTIONS) -> list[dict]:
                     "tp": pred["tp"], "alpha": alpha, "created": rec.get("created_utc"), "points": points,
                     # Files written before the JSON carried it were made at the CLI's default of 1024 tokens.
                     "context_len": pred.get("context_len") or 1024,
-                    "measured_context_len": _table_context_len(table) if table else None,
-                    "best": {b: (row["best_k"], row["speedup"]) for b, row in pred["batches"].items()}})
+                    "measured_context_len": _table_context_len(table) if table else None})
     return out
 
 

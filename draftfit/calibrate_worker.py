@@ -157,28 +157,32 @@ def host_bench(repeats: int = 3) -> dict:
     op dispatch (CPU tensors only, so CUDA stays untouched). Best of `repeats`, in microseconds. Recorded
     per engine start so host-bound step costs can be compared across lent machines (the same engine's
     step moved 29-42 ms between hosts)."""
+    def best_us_per(n: int, run) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            run(n)
+            best = min(best, time.perf_counter() - t)
+        return best * 1e6 / n
+
     def f(i):
         return i + 1
 
-    out = {}
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for i in range(100_000):
+    def calls(n):
+        for i in range(n):
             f(i)
-        best = min(best, time.perf_counter() - t)
-    out["python_call_us"] = round(best * 1e6 / 100_000, 4)
+
+    out = {"python_call_us": round(best_us_per(100_000, calls), 4)}
     try:
         import torch
 
         x, y = torch.zeros(1), torch.zeros(1)
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            for _ in range(5_000):
+
+        def ops(n):
+            for _ in range(n):
                 torch.add(x, 1, out=y)
-            best = min(best, time.perf_counter() - t)
-        out["torch_op_us"] = round(best * 1e6 / 5_000, 3)
+
+        out["torch_op_us"] = round(best_us_per(5_000, ops), 3)
     except Exception as exc:  # torch missing or broken: the Python number still says something
         out["torch_error"] = repr(exc)[:200]
     return out
@@ -271,7 +275,7 @@ def parse_pyspy_raw(text: str, top: int = 80, rate_hz: int | None = None, second
     if threads:
         out["threads"] = best(threads)
         if rate_hz and seconds:
-            out["thread_running_share"] = {t: round(n / (rate_hz * seconds), 3) for t, n in best(threads)}
+            out["thread_running_share"] = {t: round(n / (rate_hz * seconds), 3) for t, n in out["threads"]}
     return out
 
 

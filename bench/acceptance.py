@@ -32,8 +32,8 @@ HF_REPLICATES = 4  # estimate_hf's default: seeded speculative chains per prompt
 
 
 def _measure(store, **kw):
-    from draftfit.commands.measure import run_measurement
-    from draftfit.fixtures.models import DRAFT, TARGET
+    from draftfit.cli.commands.measure import run_measurement
+    from draftfit.assets.models import DRAFT, TARGET
 
     t0 = time.monotonic()
     res = run_measurement(TARGET, DRAFT, store_path=str(store), progress=sys.stderr.isatty(), **kw)
@@ -104,8 +104,8 @@ def bench_main(store: Path, prompts: int, tokens: int, workload: str = "code") -
 def _reuse(store: Path, workload: str, prompts: int, tokens: int, k: int = 8, temperatures=(0.0, 0.7)):
     """The latest vLLM runs at K and these temperatures with these settings already in the bench store, if
     any (all of them, or None)."""
-    from draftfit.fixtures.models import DRAFT, TARGET
-    from draftfit.store import MeasurementStore, result_from_row, suspect_reason
+    from draftfit.assets.models import DRAFT, TARGET
+    from draftfit.acceptance.store import MeasurementStore, result_from_row, suspect_reason
 
     if not store.exists():
         return None
@@ -125,7 +125,7 @@ def _reuse(store: Path, workload: str, prompts: int, tokens: int, k: int = 8, te
 
 
 def bench_reference(store: Path, prompts: int, tokens: int, workloads: list[str]) -> None:
-    from draftfit.store import MeasurementStore, REFERENCE_DIR, suspect_reason
+    from draftfit.acceptance.store import MeasurementStore, REFERENCE_DIR, suspect_reason
 
     REFERENCE_DIR.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -62,8 +62,8 @@ def not_available(proc: subprocess.CompletedProcess) -> bool:
 
 
 def time_catalog_verdict() -> tuple[float, int]:
-    from draftfit.catalog import load_models, resolve_model
-    from draftfit.compat import catalog_verdict
+    from draftfit.catalog.specs import load_models, resolve_model
+    from draftfit.compat.tokenizers import catalog_verdict
 
     target = resolve_model("Llama-3.1-70B")
     models = load_models()

@@ -2,7 +2,7 @@
 """GPU calibration campaign: many vLLM engine configurations in ONE device command, under a hard budget.
 
 Runs on the GPU machine with only vLLM (PYTHONPATH=/root/site) and the standard library. The model
-config.json files are generated ahead of time here (`python -m draftfit.calibrate --write-configs`, into
+config.json files are generated ahead of time here (`python -m draftfit.calibration.tables --write-configs`, into
 data/calibration/configs/) and travel with the repo.
 
     python3 bench/gpu_campaign.py --phase A --out $OUT --budget-s 520
@@ -59,7 +59,7 @@ MEASURE = dict(batches=[1, 8, 32, 128], acceptance=0.8, max_tokens=96, prompt_le
 def _dir(name: str) -> str:
     path = os.path.join(CONFIGS, name)
     if not os.path.exists(os.path.join(path, "config.json")):
-        sys.exit(f"missing {path}/config.json: run `python -m draftfit.calibrate --write-configs` first")
+        sys.exit(f"missing {path}/config.json: run `python -m draftfit.calibration.tables --write-configs` first")
     return path
 
 
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
             lane_path = os.path.join(args.work_dir, f"{name}.lane.json")
             with open(lane_path, "w") as f:
                 json.dump(lane, f)
-            cmd = [sys.executable, "-m", "draftfit.calibrate_worker", "--lane", lane_path,
+            cmd = [sys.executable, "-m", "draftfit.calibration.worker", "--lane", lane_path,
                    "--out", os.path.join(args.out, f"{name}.json"), "--work-dir", os.path.join(args.work_dir, name)]
             print(f"[campaign] start {name} on CUDA_VISIBLE_DEVICES={visible}", flush=True)
             p = subprocess.Popen(cmd, cwd=REPO)

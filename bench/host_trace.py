@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--no-readme", action="store_true")
     args = ap.parse_args(argv)
-    from draftfit.calibrate import load_tables
+    from draftfit.calibration.tables import load_tables
 
     engines = traced_engines(sorted(RAW.glob("*/*_gpu*.json")))
     body = render(engines, further_pass_ms([t for t in load_tables() if t.tp == 1]))

@@ -3,7 +3,7 @@
 Reads every data/reference/memory/*.json and writes the README section `memory`.
 Run: .venv/bin/python bench/memory.py
 
-Record format (one JSON object per file; CPU records are written by `python -m draftfit.memory --record-cpu`,
+Record format (one JSON object per file; CPU records are written by `python -m draftfit.memory.plan --record-cpu`,
 GPU records by the lead from GPU runs). Required unless marked optional:
 
     {
@@ -37,7 +37,7 @@ GPU records by the lead from GPU runs). Required unless marked optional:
     CPU records add: "kvcache_space_gib" (VLLM_CPU_KVCACHE_SPACE), "block_size" (128), "load_format".
 
 A GPU record can be made from a saved log with:
-    .venv/bin/python -m draftfit.memory --parse-log engine.log   # -> the "log" object
+    .venv/bin/python -m draftfit.memory.plan --parse-log engine.log   # -> the "log" object
 GPU records from the campaign files (data/calibration/raw/<date>/*.json, one record per engine start) with:
     .venv/bin/python bench/memory.py --ingest data/calibration/raw/2026-11-30/*.json
 Those add "vllm_scheduler" ({max_num_batched_tokens, max_num_seqs} the engine actually ran with, from its
@@ -55,7 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._readme import markdown_table, write_section  # noqa: E402
-from draftfit.memory import GIB, kv_bytes_per_token, predict_record, spec_from_record  # noqa: E402
+from draftfit.memory.plan import GIB, kv_bytes_per_token, predict_record, spec_from_record  # noqa: E402
 from draftfit.paths import DATA_DIR  # noqa: E402
 
 RECORDS = DATA_DIR / "reference" / "memory"
@@ -69,7 +69,7 @@ def _case_name(spec: dict, seqs: int) -> str:
 
 def record_from_engine(entry: dict, raw_name: str) -> dict | None:
     """One GPU record from one engine of a campaign file (bench/gpu_campaign.py); None if it did not start."""
-    from draftfit.memory import VLLM_GPU_VERSION, parse_vllm_memory_log
+    from draftfit.memory.plan import VLLM_GPU_VERSION, parse_vllm_memory_log
 
     log = entry.get("log") or ""
     if isinstance(log, list):

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._readme import markdown_table, write_section  # noqa: E402
-from draftfit import priors  # noqa: E402
+from draftfit.acceptance import prior as priors# noqa: E402
 
 
 def main() -> int:

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._readme import markdown_table, write_section  # noqa: E402
-from draftfit.calibrate import DEFAULT_ACCEPTANCE  # noqa: E402
-from draftfit.speedup import NO_SPECULATION_BELOW  # noqa: E402
+from draftfit.calibration.tables import DEFAULT_ACCEPTANCE  # noqa: E402
+from draftfit.speedup.predict import NO_SPECULATION_BELOW  # noqa: E402
 
 COMMAND = ".venv/bin/python bench/speedup.py"
 
@@ -34,7 +34,7 @@ def _corrector_for(train, overheads):
     leave-one-configuration-out inside `train` (the rule load_default applies to the shipped model)."""
     import math
 
-    from draftfit.predictor import SpeedupCorrector, training_set
+    from draftfit.speedup.correction import SpeedupCorrector, training_set
 
     ts = training_set(train, overheads=overheads)
     groups = sorted(set(ts.groups))
@@ -56,8 +56,8 @@ def _corrector_for(train, overheads):
 def evaluate(tables) -> dict:
     """Leave each configuration out: overheads and correction fitted on the other tables' steady-state step
     costs, the held-out one predicted and scored against its measured steady-state speedups."""
-    from draftfit.calibrate import PooledSteps
-    from draftfit.stepcost import fitted_overheads
+    from draftfit.calibration.tables import PooledSteps
+    from draftfit.speedup.stepcost import fitted_overheads
 
     cases, best_cases = [], []
     # A configuration measured at several synthetic rates (one table each) is held out as a whole: its step
@@ -80,7 +80,7 @@ def evaluate(tables) -> dict:
 
 def _loop_pass_ms_per_layer(tables) -> dict:
     """{draft: [ms per draft layer of one further pass at batch 1, per table]} from K=1 and K=8."""
-    from draftfit.stepcost import model_spec
+    from draftfit.speedup.stepcost import model_spec
 
     out: dict = {}
     for t in tables:
@@ -114,7 +114,7 @@ def _line_vs_raw_across_starts(by_pair: dict) -> dict:
     """How well one engine start's step costs predict another start's (the tables of one configuration at
     two rates): its raw per-K steps against the line over K that stepcost.calibrated_step_cost uses when a
     batch has 3+ K. {"raw": [relative errors], "line": [...]}, both over the same (batch, K) points."""
-    from draftfit.stepcost import _linear_fit
+    from draftfit.speedup.stepcost import _linear_fit
 
     out = {"raw": [], "line": []}
     for lo, hi in _adjacent_rates(by_pair):
@@ -141,9 +141,9 @@ def _score_held_out(held, overheads, corrector, cases: list, best_cases: list, p
     """Predict every measured (batch, K) of `held` with the given training fits; append to cases."""
     import math
 
-    from draftfit.predictor import featurize
-    from draftfit.speedup import analytic_speedup, expected_tokens_per_step
-    from draftfit.stepcost import calibration_points, is_host_bound
+    from draftfit.speedup.correction import featurize
+    from draftfit.speedup.predict import analytic_speedup, expected_tokens_per_step
+    from draftfit.speedup.stepcost import calibration_points, is_host_bound
 
     per_b: dict = {}
     for pt in calibration_points([held], overheads=overheads):
@@ -404,7 +404,7 @@ def leviathan_table4() -> str:
     closed form of `draftfit speedup --alpha A --k K --c C`."""
     import yaml
 
-    from draftfit.speedup import analytic_speedup, expected_tokens_per_step
+    from draftfit.speedup.predict import analytic_speedup, expected_tokens_per_step
 
     ref = yaml.safe_load((ROOT / "data" / "reference" / "leviathan2023_table4.yaml").read_text())
     rows, diffs, same, beat_e = [], [], 0, 0
@@ -458,7 +458,7 @@ def preregistered(tables, folder: Path = PREDICTIONS) -> list[dict]:
 
 
 def _table_context_len(table) -> float | None:
-    from draftfit.stepcost import row_context_len
+    from draftfit.speedup.stepcost import row_context_len
 
     ctx = [row_context_len(r) for rows in table.spec.values() for r in rows.values()]
     return sum(ctx) / len(ctx) if ctx else None
@@ -546,7 +546,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plot-dir", type=Path, default=ROOT / "docs" / "speedup",
                     help="where the held-out plots go (PNG per multi-K configuration)")
     args = ap.parse_args(argv)
-    from draftfit.calibrate import load_tables
+    from draftfit.calibration.tables import load_tables
 
     tables = load_tables(args.calibration_dir)
     result = evaluate(tables) if tables else {"cases": [], "best": []}

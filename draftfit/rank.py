@@ -10,8 +10,12 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from draftfit.catalog import GpuSpec, ModelSpec, draft_candidates, resolve_gpu, resolve_model
+from draftfit.catalog.specs import GpuSpec, ModelSpec, draft_candidates, resolve_gpu, resolve_model
 from draftfit.errors import DraftfitError
+from draftfit.compat import tokenizers as compat_mod; from draftfit.memory import plan as memory_mod; from draftfit.acceptance import prior as priors
+from draftfit.launch.serve import serve_command
+from draftfit.memory import plan as memory_mod
+from draftfit.speedup import predict as speedup
 
 DEFAULT_GPU = "H100-80GB"
 TP_CHOICES = (1, 2, 4, 8)
@@ -103,7 +107,6 @@ class RankResult:
 
 def choose_tp(target: ModelSpec, gpu: GpuSpec, util: float, max_model_len: int | None) -> tuple[int, str]:
     """Smallest TP (dividing the attention heads) at which the target alone fits."""
-    from draftfit import memory as memory_mod
 
     last_reason = ""
     for tp in TP_CHOICES:
@@ -127,7 +130,6 @@ def predict_pair_speedup(target: ModelSpec, draft: ModelSpec, gpu: GpuSpec, *, t
     """Speedup prediction for K = 1..8 from an acceptance estimate (measured or prior). The estimate object
     carries its band, which speedup.py turns into each prediction's low/high with the step-cost uncertainty.
     rank, preflight and serve-cmd all predict through here."""
-    from draftfit import speedup
 
     return speedup.predict_speedup(target, draft, gpu, tp=tp, acceptance=est, batches=tuple(batches),
                                    k_values=range(1, 9))
@@ -176,7 +178,6 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
         gpu_note = f"GPU not given: assuming {DEFAULT_GPU} (pass --gpu)"
     gpu = resolve_gpu(gpu_name)
 
-    from draftfit import compat as compat_mod, memory as memory_mod, priors
 
     if tp is None:
         tp, tp_note = choose_tp(target, gpu, util, max_model_len)
@@ -246,7 +247,6 @@ def rank(target_name: str, *, gpu_name: str | None = None, tp: int | None = None
     notes: list[str] = []
     serve = None
     if winner is not None:
-        from draftfit.launch import serve_command
 
         wspec = next(d for d in drafts if d.name == winner.draft)
         cmd = serve_command(target, wspec, k=winner.best_k or PLAN_K, tp=tp, max_model_len=max_model_len,

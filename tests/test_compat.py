@@ -8,15 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from draftfit import compat
-from draftfit.catalog import load_models, resolve_model
-from draftfit.compat import catalog_verdict, check_pair, facts_from_folder, load_tokenizer_catalog
+from draftfit.compat import tokenizers as compat
+from draftfit.catalog.specs import load_models, resolve_model
+from draftfit.compat.tokenizers import catalog_verdict, check_pair, facts_from_folder, load_tokenizer_catalog
 
 
 @pytest.fixture(scope="session")
 def tok_dirs():
     """Every tokenizer fixture folder (`make fixtures` fetched them; this is then a hash-checked no-op)."""
-    from draftfit.fixtures.tokenizers import fetch_all_tokenizers
+    from draftfit.assets.tokenizers import fetch_all_tokenizers
 
     return fetch_all_tokenizers()
 
@@ -147,7 +147,7 @@ def test_catalog_verdict_agrees_with_files(tok_dirs, target, draft):
 
 
 def test_catalog_fingerprints_match_the_files(tok_dirs):
-    from draftfit.fixtures.tokenizers import FAMILY_FIXTURE
+    from draftfit.assets.tokenizers import FAMILY_FIXTURE
 
     cat = load_tokenizer_catalog()
     for family, fixture in FAMILY_FIXTURE.items():
@@ -196,8 +196,8 @@ def test_folder_without_tokenizer_is_one_clear_error(tmp_path):
 
 
 def test_second_fetch_is_a_no_op(tok_dirs, monkeypatch):
-    from draftfit.fixtures import download
-    from draftfit.fixtures.tokenizers import fetch_all_tokenizers
+    from draftfit.assets import download
+    from draftfit.assets.tokenizers import fetch_all_tokenizers
 
     def no_network(*a, **k):
         raise AssertionError("a cached fixture was downloaded again")
@@ -208,7 +208,7 @@ def test_second_fetch_is_a_no_op(tok_dirs, monkeypatch):
 
 def test_tampered_tokenizer_is_refused(tok_dirs, tmp_path):
     from draftfit.errors import DraftfitError
-    from draftfit.fixtures.tokenizers import FIXTURES, _verify
+    from draftfit.assets.tokenizers import FIXTURES, _verify
 
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(DraftfitError, match="sha256"):

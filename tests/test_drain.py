@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from draftfit.calibrate import CalibrationTable, load_tables, tables_from_results
-from draftfit.drain import batch_share, drain, steps_cdf, tokens_per_step_pmf
+from draftfit.calibration.tables import CalibrationTable, load_tables, tables_from_results
+from draftfit.calibration.drain import batch_share, drain, steps_cdf, tokens_per_step_pmf
 
 
 def _request_steps(rng: random.Random, alpha: float, k: int, n_tokens: int) -> int:
@@ -128,7 +128,7 @@ def test_two_engine_starts_of_one_configuration_are_pooled():
 
 
 def test_each_synthetic_rate_gets_its_own_table_with_the_shared_baseline(tmp_path):
-    from draftfit.calibrate import find_table, write_table
+    from draftfit.calibration.tables import find_table, write_table
 
     def engine(k, rate, steps):
         return {"status": "ok", "k": k, "acceptance": rate, "gpu_name": "NVIDIA H200", "vllm_version": "0.26.0",
@@ -146,7 +146,7 @@ def test_each_synthetic_rate_gets_its_own_table_with_the_shared_baseline(tmp_pat
     assert names == ["Llama-3.1-8B__Llama-3.2-1B__H200__tp1.json", "Llama-3.1-8B__Llama-3.2-1B__H200__tp1__a0.6.json"]
     assert find_table("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1, tmp_path).acceptance == 0.8
     # Step costs read both tables: the mean of the two engine starts where both measured the (K, batch).
-    from draftfit.calibrate import PooledSteps, find_tables
+    from draftfit.calibration.tables import PooledSteps, find_tables
 
     pooled = PooledSteps(find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1, tmp_path))
     assert pooled.spec_step_ms(2, 1) == pytest.approx(
@@ -161,7 +161,7 @@ def test_each_synthetic_rate_gets_its_own_table_with_the_shared_baseline(tmp_pat
 
 
 def test_pooled_steps_weigh_each_table_by_its_engine_starts():
-    from draftfit.calibrate import PooledSteps
+    from draftfit.calibration.tables import PooledSteps
 
     def engine(rate, step_ms, env=None):
         spec = {"target": "Llama-3.1-8B", "draft": "Llama-3.2-1B", "tp": 1, "id": f"k2-a{rate}-{step_ms}"}

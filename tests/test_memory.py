@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from draftfit.catalog import GpuSpec, resolve_gpu, resolve_model, spec_from_config
+from draftfit.catalog.specs import GpuSpec, resolve_gpu, resolve_model, spec_from_config
 from draftfit.errors import DraftfitError
-from draftfit.memory import (
+from draftfit.memory.plan import (
     GIB,
     SYNTHETIC_DRAFT_CONFIG,
     SYNTHETIC_TARGET_CONFIG,
@@ -104,7 +104,7 @@ def test_gpu_record_runner_and_scheduler_as_vllm_ran(path):
 
 @pytest.mark.vllm
 def test_live_vllm_cpu_synthetic_pair(tmp_path):
-    from draftfit.memory import run_vllm_cpu, write_synthetic_pair
+    from draftfit.memory.plan import run_vllm_cpu, write_synthetic_pair
 
     target_dir, draft_dir = write_synthetic_pair(tmp_path)
     parsed = run_vllm_cpu(target_dir, draft_dir, max_model_len=1000, k=3, kvcache_space_gib=1)

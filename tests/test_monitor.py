@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from draftfit import monitor
+from draftfit.launch import monitor as monitor
 from draftfit.cli import cli
 
 DATA = Path(__file__).parent / "data"

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from draftfit.cli import cli
-from draftfit.preflight import preflight
+from draftfit.launch.preflight import preflight
 
 
 def _run(*args: str):
@@ -77,7 +77,7 @@ def test_table_output_and_exit_code():
 
 
 def test_real_local_pair_folders():
-    from draftfit.fixtures.models import local_model_path
+    from draftfit.assets.models import local_model_path
 
     t, d = local_model_path("Qwen2.5-Coder-1.5B"), local_model_path("Qwen2.5-Coder-0.5B")
     if t is None or d is None:

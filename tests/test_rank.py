@@ -114,7 +114,7 @@ def test_rank_imports_nothing_heavy():
 # --------------------------------------------------------------------------------------- acceptance prior
 
 def test_prior_directions_and_band():
-    from draftfit.priors import prior_acceptance
+    from draftfit.acceptance.prior import prior_acceptance
 
     t = "Llama-3.1-70B"
     greedy, hot = prior_acceptance(t, "Llama-3.1-8B", "chat", 0.0), prior_acceptance(t, "Llama-3.1-8B", "chat", 1.0)
@@ -131,7 +131,7 @@ def test_prior_directions_and_band():
 
 
 def test_prior_leave_one_out_error_is_bounded():
-    from draftfit import priors
+    from draftfit.acceptance import prior as priors
 
     loo = priors.leave_one_out(priors.published_points())
     mae = sum(abs(a - p.alpha) for p, a in loo) / len(loo)
@@ -139,7 +139,7 @@ def test_prior_leave_one_out_error_is_bounded():
 
 
 def test_tau_alpha_round_trip():
-    from draftfit import priors
+    from draftfit.acceptance import prior as priors
 
     for a in (0.3, 0.6, 0.85):
         assert priors.alpha_from_tau(priors.tau_from_alpha(a, 7), 7) == pytest.approx(a, abs=1e-6)

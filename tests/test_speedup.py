@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from draftfit.errors import DraftfitError
-from draftfit.speedup import (analytic_speedup, expected_tokens_per_step, extend_curve, k_schedule,
+from draftfit.speedup.predict import (analytic_speedup, expected_tokens_per_step, extend_curve, k_schedule,
                               predict_speedup)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ def test_bad_acceptance_is_a_user_error(bad):
 
 def test_prediction_roofline_shapes(tmp_path):
     p = predict_speedup("Llama-3.1-70B", "Llama-3.2-1B", "H200", tp=2, acceptance=0.8, batches=(1, 8, 256),
-                        calibration_dir=tmp_path, use_model=False)
+                        calibration_dir=tmp_path)
     b1 = p.batches[1]
     assert p.source == "roofline prior" and b1.verdict == "speculate"
     assert 2 <= b1.best_k <= 8 and b1.low < b1.speedup < b1.high
@@ -106,7 +106,7 @@ def test_prediction_roofline_shapes(tmp_path):
     assert p.batches[256].best_k <= b1.best_k
     assert 0 < b1.c < 0.2  # a 1B draft pass (host cost per layer included) is a tenth of a 70B TP=2 step
     low = predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.1, batches=(1,),
-                          calibration_dir=tmp_path, use_model=False)
+                          calibration_dir=tmp_path)
     assert low.verdict == "don't" and low.batches[1].best_k == 0 and low.recommended_k == 0
 
 
@@ -136,8 +136,8 @@ def test_k_schedule_is_valid_for_vllm():
 def _synthetic_table(tmp_path: Path, *, target="Llama-3.1-8B", draft="Llama-3.2-1B", gpu="H200", tp=1,
                      distortion=lambda b, k: 1.0, ks=(1, 2, 4, 8), batches=(1, 8, 32, 128), overheads=None):
     """A calibration table built from the roofline prior with a known distortion of the spec step."""
-    from draftfit.calibrate import CalibrationTable, write_table
-    from draftfit.stepcost import gpu_spec, model_spec, prior_step_cost
+    from draftfit.calibration.tables import CalibrationTable, write_table
+    from draftfit.speedup.stepcost import gpu_spec, model_spec, prior_step_cost
 
     t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
     base, spec = {}, {}
@@ -157,10 +157,10 @@ def _synthetic_table(tmp_path: Path, *, target="Llama-3.1-8B", draft="Llama-3.2-
 def test_prediction_uses_calibration(tmp_path):
     path = _synthetic_table(tmp_path, distortion=lambda b, k: 1.3)  # speculative steps 30 % dearer
     p = predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.8, batches=(1, 16, 512),
-                        calibration_dir=tmp_path, use_model=False, context_len=112)
+                        calibration_dir=tmp_path, context_len=112)
     assert p.source == f"calibrated:{path.name}"
     prior = predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.8, batches=(1,),
-                            calibration_dir=tmp_path / "none", use_model=False, context_len=112)
+                            calibration_dir=tmp_path / "none", context_len=112)
     k = 4
     assert p.batches[1].per_k[k]["speedup"] == pytest.approx(prior.batches[1].per_k[k]["speedup"] / 1.3, rel=1e-6)
     assert p.batches[1].measured[k] == pytest.approx(p.batches[1].per_k[k]["speedup"], rel=1e-6)
@@ -210,8 +210,8 @@ def test_cli_prediction_table_json_and_plot(tmp_path):
 
 def test_predictor_learns_a_correction_and_validates_input(tmp_path):
     pytest.importorskip("sklearn")
-    from draftfit.calibrate import load_tables
-    from draftfit.predictor import SpeedupCorrector, fit_default, load_default, training_set
+    from draftfit.calibration.tables import load_tables
+    from draftfit.speedup.correction import SpeedupCorrector, fit_default, load_default, training_set
 
     # Two configurations whose speculative steps are 25 % dearer than the roofline at batch >= 32.
     dist = lambda b, k: 1.25 if b >= 32 else 1.0  # noqa: E731
@@ -225,7 +225,7 @@ def test_predictor_learns_a_correction_and_validates_input(tmp_path):
     assert report.cv["mape_corrected"] < report.cv["mape_prior"]
     loaded = load_default(tmp_path / "models")
     # fit_default corrects the prior with overheads refitted on the same tables; corrected = measured.
-    from draftfit.stepcost import fitted_overheads
+    from draftfit.speedup.stepcost import fitted_overheads
 
     ts_fit = training_set(tables, overheads=fitted_overheads(tables=tables))
     resid = loaded.model.predict(ts_fit.X) - ts_fit.y
@@ -251,7 +251,7 @@ def test_bench_leave_one_out_on_synthetic_tables(tmp_path):
         _synthetic_table(tmp_path, target=t, draft=d, tp=2 if "70B" in t else 1)
     sys.path.insert(0, str(ROOT))
     from bench.speedup import evaluate, summarize
-    from draftfit.calibrate import load_tables
+    from draftfit.calibration.tables import load_tables
 
     s = summarize(evaluate(load_tables(tmp_path)))
     # The tables are the roofline itself, so draftfit must match them and pick the measured best K.
@@ -260,8 +260,8 @@ def test_bench_leave_one_out_on_synthetic_tables(tmp_path):
 
 
 def test_cli_uses_a_stored_run(tmp_path):
-    from draftfit.acceptance import result_from_counts
-    from draftfit.store import MeasurementStore, RunRecord, now_iso
+    from draftfit.acceptance.curve import result_from_counts
+    from draftfit.acceptance.store import MeasurementStore, RunRecord, now_iso
 
     store_path = tmp_path / "m.sqlite"
     # 100 drafts at K=3: 80 accepted at position 1, 60 at 2, 45 at 3 -> curve 0.8, 0.6, 0.45.
@@ -281,7 +281,7 @@ def test_cli_uses_a_stored_run(tmp_path):
 
 
 def test_roofline_bytes_match_public_numbers():
-    from draftfit.stepcost import forward_ms, gpu_spec, kv_bytes_per_token_per_rank, model_spec, weight_bytes_per_rank
+    from draftfit.speedup.stepcost import forward_ms, gpu_spec, kv_bytes_per_token_per_rank, model_spec, weight_bytes_per_rank
 
     l8, l70, h200 = model_spec("Llama-3.1-8B"), model_spec("Llama-3.1-70B"), gpu_spec("H200")
     # Every weight but the input embedding is streamed once per step: 8.03B - 128256 x 4096 rows, bf16.
@@ -301,8 +301,8 @@ def test_fitted_overheads_recover_known_vllm_costs(tmp_path):
     """Tables generated with known overheads (none of them the priors) give those overheads back, every term
     identified: per step, per sequence, per draft layer (TP=1 and TP>1), per sequence per draft pass, and the
     CUDA-graph miss."""
-    from draftfit.calibrate import load_tables
-    from draftfit.stepcost import PRIOR_OVERHEADS, fitted_overheads
+    from draftfit.calibration.tables import load_tables
+    from draftfit.speedup.stepcost import PRIOR_OVERHEADS, fitted_overheads
 
     truth = {"plain_ms": 0.9, "plain_seq_ms": 0.012, "spec_ms": 1.1, "spec_seq_ms": 0.05, "draft_layer_ms": 0.2,
              "draft_layer_mp_ms": 0.08, "draft_seq_ms": 0.02, "eager_layer_ms": 0.3}
@@ -318,7 +318,7 @@ def test_fitted_overheads_recover_known_vllm_costs(tmp_path):
 def test_draft_pass_costs_the_larger_of_gpu_and_host_time():
     """A draft pass is launched layer by layer while the GPU runs: max(roofline, layers x host cost), not
     their sum (a 28-layer 7B draft cost ~5.3 ms on the H200 at batch 1, a 28-layer 0.6B about the same)."""
-    from draftfit.stepcost import forward_ms, gpu_spec, model_spec, prior_step_cost
+    from draftfit.speedup.stepcost import forward_ms, gpu_spec, model_spec, prior_step_cost
 
     t, d, g = model_spec("Qwen2.5-Coder-32B"), model_spec("Qwen2.5-Coder-7B"), gpu_spec("H200")
     roofline = forward_ms(d, g, batch=1, tokens_per_seq=1, context_len=112)
@@ -337,8 +337,8 @@ def test_only_the_loop_passes_pay_the_host_launch_time():
     GPU's verify); only the K-1 passes of propose()'s loop pay layers x host cost. The shipped tables show
     it: K=1 adds about the same with the 16-layer Llama-3.2-1B and the 28-layer Qwen3-0.6B, the next passes
     cost far more with the 28-layer one."""
-    from draftfit.calibrate import find_table
-    from draftfit.stepcost import draft_passes_ms, forward_ms, gpu_spec, model_spec, prior_step_cost
+    from draftfit.calibration.tables import find_table
+    from draftfit.speedup.stepcost import draft_passes_ms, forward_ms, gpu_spec, model_spec, prior_step_cost
 
     t, d, g = model_spec("Llama-3.1-8B"), model_spec("Llama-3.2-1B"), gpu_spec("H200")
     roof = forward_ms(d, g, batch=1, tokens_per_seq=1, context_len=112)
@@ -363,7 +363,7 @@ def test_only_the_loop_passes_pay_the_host_launch_time():
 
 
 def test_verify_loses_cuda_graphs_above_capture_size():
-    from draftfit.stepcost import CUDAGRAPH_MAX_TOKENS, gpu_spec, graph_miss, model_spec, prior_step_cost
+    from draftfit.speedup.stepcost import CUDAGRAPH_MAX_TOKENS, gpu_spec, graph_miss, model_spec, prior_step_cost
 
     t, d, g = model_spec("Llama-3.1-8B"), model_spec("Llama-3.2-1B"), gpu_spec("H200")
     assert CUDAGRAPH_MAX_TOKENS == 512 and not graph_miss(128, 3) and graph_miss(128, 4)
@@ -377,9 +377,9 @@ def test_verify_loses_cuda_graphs_above_capture_size():
 
 def test_one_loop_serves_training_and_the_benchmark(tmp_path):
     """predictor.training_set and bench/speedup.py iterate the same calibration_points."""
-    from draftfit.calibrate import load_tables
-    from draftfit.predictor import training_set
-    from draftfit.stepcost import calibration_points
+    from draftfit.calibration.tables import load_tables
+    from draftfit.speedup.correction import training_set
+    from draftfit.speedup.stepcost import calibration_points
 
     _synthetic_table(tmp_path)
     tables = load_tables(tmp_path)
@@ -396,8 +396,9 @@ def test_bands_match_the_measured_spread():
     errors and each table's calibrated band most of its restart-to-restart differences (pooled starts, and
     the same step at two synthetic rates) on the shipped H200 tables, so a printed band means what it says."""
     bench = _bench("speedup")
-    from draftfit.calibrate import load_tables
-    from draftfit.stepcost import CALIBRATED_UNCERTAINTY, PRIOR_UNCERTAINTY_GPU_BOUND, PRIOR_UNCERTAINTY_HOST_BOUND
+    from draftfit.calibration.tables import load_tables
+    from draftfit.calibration.tables import CALIBRATED_UNCERTAINTY
+    from draftfit.speedup.stepcost import PRIOR_UNCERTAINTY_GPU_BOUND, PRIOR_UNCERTAINTY_HOST_BOUND
 
     cases = bench.evaluate(load_tables())["cases"]
     assert len(cases) >= 40
@@ -455,7 +456,7 @@ def test_host_trace_bench_reads_the_shipped_traces():
 def test_host_bound_note_marks_the_pairs_whose_steps_the_host_sets():
     """The 8B pairs (measured: GPU busy ~40 % of a step, repeats up to 1.7x apart) get the note; the
     GPU-bound Qwen2.5-Coder-32B + 7B and the 70B TP=2 pairs (repeats within a few percent) do not."""
-    from draftfit.stepcost import step_cost_model
+    from draftfit.speedup.stepcost import step_cost_model
 
     def noted(target, draft, tp):
         return any(n.startswith("host-bound") for n in step_cost_model(target, draft, "H200", tp=tp).notes)
@@ -468,8 +469,8 @@ def test_host_bound_note_marks_the_pairs_whose_steps_the_host_sets():
 def test_calibrated_steps_follow_a_line_over_k_that_predicts_another_start_better():
     """With 3+ K measured, calibrated step costs lie on one line over K (so a noisy K cannot make a dip in
     the K curve), and on the shipped tables that line predicts another engine start better than raw steps."""
-    from draftfit.calibrate import PooledSteps, find_tables, load_tables
-    from draftfit.stepcost import calibrated_step_cost, gpu_spec, model_spec
+    from draftfit.calibration.tables import PooledSteps, find_tables, load_tables
+    from draftfit.speedup.stepcost import calibrated_step_cost, gpu_spec, model_spec
 
     table = PooledSteps(find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1))
     sc = calibrated_step_cost(table, model_spec("Llama-3.1-8B"), model_spec("Llama-3.2-1B"), gpu_spec("H200"),
@@ -490,7 +491,7 @@ def test_preregistered_predictions_are_scored_against_the_table_measured_afterwa
     """A `draftfit speedup --json` record in data/predictions/ is matched to the calibration table of its
     pair and rate, point by point; without a table it is listed as not measured yet."""
     bench = _bench("speedup")
-    from draftfit.calibrate import load_tables
+    from draftfit.calibration.tables import load_tables
 
     res = subprocess.run([sys.executable, "-m", "draftfit", "speedup", "--target", "Qwen3-8B", "--draft",
                           "Qwen3-0.6B", "--gpu", "H200", "--alpha", "0.8", "--batch", "1,32", "--json"],

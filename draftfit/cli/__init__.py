@@ -1,0 +1,83 @@
+"""The `draftfit` command line.
+
+Commands live in `draftfit/commands/<name>.py` and are imported only when invoked, so that
+`draftfit --help` and the catalog commands start without torch, transformers, vllm or sklearn.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from draftfit import __version__
+from draftfit.errors import DraftfitError
+
+# name -> (module:attribute, one-line help shown by `draftfit --help` without importing the module)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "rank": ("draftfit.cli.commands.rank:rank", "Rank catalog drafts for a target (the main job)."),
+    "check": ("draftfit.cli.commands.check:check", "Tokenizer/vocab compatibility of a target and a draft."),
+    "memory": ("draftfit.cli.commands.memory:memory", "VRAM co-residency and KV cache, as vLLM sizes it."),
+    "measure": ("draftfit.cli.commands.measure:measure", "Measure acceptance through vLLM (or the HF estimator)."),
+    "runs": ("draftfit.cli.commands.runs:runs", "List, show and export stored measurements."),
+    "speedup": ("draftfit.cli.commands.speedup:speedup", "Expected speedup for a K, acceptance and step cost."),
+    "calibrate": ("draftfit.cli.commands.calibrate:calibrate", "Measure step costs on a GPU (vLLM, dummy weights)."),
+    "fit": ("draftfit.cli.commands.fit:fit", "Retrain the best-K / speedup model on the store."),
+    "serve-cmd": ("draftfit.cli.commands.launch:serve_cmd", "Print the vllm serve (or SGLang) command."),
+    "launch-script": ("draftfit.cli.commands.launch:launch_script", "Write a launch script with checks and readout."),
+    "preflight": ("draftfit.cli.commands.preflight:preflight", "All checks for one layout; exit 0/1/2 for CI."),
+    "monitor": ("draftfit.cli.commands.monitor:monitor", "Read a live server's /metrics and advise K."),
+    "catalog": ("draftfit.cli.commands.catalog:catalog", "List or show catalog models and GPUs."),
+    "fixtures": ("draftfit.cli.commands.fixtures:fixtures", "Fetch the real tokenizers and models (cached)."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        import importlib
+
+        module_name, attr = COMMANDS[name][0].split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DraftfitError as exc:
+            click.echo(f"error: {exc.one_line()}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="draftfit")
+def cli():
+    """Which small model should draft for your large one under vLLM, and how.
+
+    \b
+    Examples:
+      draftfit rank --target Llama-3.1-70B --gpu H100-80GB --tp 2 --workload code
+      draftfit check Qwen2.5-7B Qwen2.5-0.5B
+      draftfit memory Llama-3.1-70B --draft Llama-3.2-1B --gpu H100-80GB --tp 2
+      draftfit serve-cmd Llama-3.1-70B Llama-3.2-1B --tp 2
+    """
+
+
+def main(argv=None):
+    try:
+        cli.main(args=argv, prog_name="draftfit", standalone_mode=True)
+    except DraftfitError as exc:  # raised outside a command's invoke (e.g. while resolving a lazy command)
+        click.echo(f"error: {exc.one_line()}", err=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

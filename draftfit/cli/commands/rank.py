@@ -1,0 +1,153 @@
+"""`draftfit rank`: every catalog draft for a target, ranked by predicted speedup."""
+
+from __future__ import annotations
+
+import click
+
+from draftfit.errors import DraftfitError
+from draftfit.cli.render import json_option
+from draftfit.catalog.specs import _normalize
+from draftfit.cli.render import console, emit_json, table
+from draftfit.rank import fmt_num, fmt_tokens, rank as run_rank
+
+
+def _batches(value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in value.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise DraftfitError(f"--batch {value!r} is not a list of integers", fix="e.g. --batch 1,32") from None
+    if not out or min(out) < 1:
+        raise DraftfitError(f"--batch {value!r} needs positive batch sizes", fix="e.g. --batch 1,32")
+    return out
+
+
+@click.command(name="rank")
+@click.option("--target", "-t", required=True, help="Target model: catalog name, hub id or local folder.")
+@click.option("--gpu", "-g", default=None, help="GPU (catalog name). Default: H100-80GB.")
+@click.option("--tp", type=int, default=None, help="Tensor-parallel size. Default: the smallest that fits the target.")
+@click.option("--workload", "-w", type=click.Choice(["code", "math", "chat"]), default="chat", show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--batch", "batch", default="1", show_default=True, help="Batch sizes, comma-separated (e.g. 1,32).")
+@click.option("--top", type=int, default=None, help="Show only the N best.")
+@click.option("--max-model-len", type=int, default=None, help="Context length (default: the target's).")
+@click.option("--util", type=float, default=0.9, show_default=True, help="gpu_memory_utilization.")
+@click.option("--candidates", default="", help="Extra drafts: comma-separated local folders or hub ids.")
+@click.option("--explain", "explain", default=None, metavar="DRAFT", help="Show every number behind one candidate.")
+@click.option("--vllm-version", default=None, help="vLLM version the serve command is for (default: installed).")
+@json_option
+def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util, candidates, explain, vllm_version,
+         as_json):
+    """Rank catalog drafts for TARGET: tokenizer, memory, acceptance, best K, speedup, serve command."""
+
+    extra = tuple(c.strip() for c in candidates.split(",") if c.strip())
+    result = run_rank(target, gpu_name=gpu, tp=tp, workload=workload, temperature=temperature,
+                      batches=_batches(batch), util=util, max_model_len=max_model_len, extra_candidates=extra,
+                      top=None if explain else top, vllm_version=vllm_version)
+    if explain:
+        _explain(result, explain, as_json)
+        return
+    if as_json:
+
+        emit_json(result.to_json())
+        return
+    _print_table(result)
+
+
+def _short(text: str, n: int = 48) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _print_table(result) -> None:
+
+    con = console()
+    if not con.is_terminal:
+        con.width = max(con.width, 180)  # piped output: keep one row per draft
+    b0 = result.batches[0]
+    cols = ["draft", "tokenizer", "vLLM", "fits: KV left (draft share)", "α [band]", "α source", "K"] + [
+        f"speedup b={b} [band]" for b in result.batches] + ["verdict"]
+    rows = []
+    footnotes: dict[str, list[str]] = {}
+    for c in result.candidates:
+        if c.fits is None:
+            fit = "n/a"
+        else:
+            share = f" ({c.draft_pool_share * 100:.0f}%)" if c.draft_pool_share is not None else ""
+            fit = ("yes " if c.fits else "NO ") + f"{fmt_tokens(c.kv_tokens)}{share}"
+        acc = f"{fmt_num(c.acceptance)} [{fmt_num(c.acceptance_low)}-{fmt_num(c.acceptance_high)}]"
+        sp = []
+        for b in result.batches:
+            s = c.speedup.get(b)
+            sp.append("n/a" if s is None else f"{s:.2f}x [{fmt_num(c.speedup_low.get(b))}-{fmt_num(c.speedup_high.get(b))}]")
+        ok = "n/a" if c.vllm_accepts is None else ("yes" if c.vllm_accepts else "NO")
+        if c.group == 0:
+            verdict = c.decision if c.decision == "speculate" else f"{c.decision}: {_short(c.reason, 40)}"
+        else:
+            footnotes.setdefault(c.reason, []).append(c.draft)
+            verdict = f"{c.decision} [{len(footnotes)}]" if c.reason in footnotes else c.decision
+            verdict = f"{c.decision} [{list(footnotes).index(c.reason) + 1}]"
+        rows.append([c.draft, c.verdict, ok, fit, acc, c.acceptance_source, c.best_k if c.best_k else "-", *sp, verdict])
+    title = (f"Drafts for {result.target.name} on {result.gpu.name} x{result.tp}, {result.workload}, "
+             f"T={result.temperature:g}")
+    srcs = sorted({c.speedup_source for c in result.candidates if c.speedup_source and c.group == 0})
+    caption = "speedup: " + "; ".join(srcs) if srcs else None
+    con.print(table(title, cols, rows, caption=caption))
+    for i, (reason, names) in enumerate(footnotes.items(), 1):
+        con.print(f"[{i}] {', '.join(names)}: {reason}", highlight=False, markup=False)
+    for line in filter(None, [result.gpu_note, result.tp_note]):
+        con.print(f"[dim]{line}[/dim]", highlight=False)
+    cites = sorted({(c.acceptance_source, c.acceptance_citation) for c in result.candidates
+                    if c.acceptance_source.startswith("prior") and c.acceptance_citation and c.group == 0})
+    for src, cit in cites:
+        con.print(f"[dim]{src}: {cit}[/dim]", highlight=False)
+    if result.serve_command:
+        k = next((c.best_k for c in result.candidates if c.draft == result.winner), None)
+        con.print(f"\n[bold]Serve the winner ({result.winner}, K={k}):[/bold]")
+        click.echo(result.serve_command)
+    for n in result.notes:
+        con.print(f"[dim]note: {n}[/dim]", highlight=False)
+    con.print(f"[dim]ranked {len(result.candidates)} drafts in {result.elapsed_s:.2f}s; "
+              f"`--explain DRAFT` shows every number behind one row, `--json` for machines[/dim]", highlight=False)
+
+
+def _explain(result, name: str, as_json: bool) -> None:
+
+    want = _normalize(name.split("/")[-1])
+    hit = next((c for c in result.candidates if _normalize(c.draft) == want or _normalize(c.hub_id.split("/")[-1]) == want),
+               None)
+    if hit is None:
+        raise DraftfitError(f"{name!r} is not among the candidates for {result.target.name}",
+                            fix="candidates: " + ", ".join(c.draft for c in result.candidates[:12]))
+    if as_json:
+
+        emit_json({"target": result.target.name, "gpu": result.gpu.name, "tp": result.tp, **hit.to_json(),
+                   "compat_notes": hit.compat_notes, "compat_fix": hit.compat_fix, "memory_reason": hit.memory_reason,
+                   "memory_fix": hit.memory_fix, "per_k": {str(k): v for k, v in hit.per_k.items()}})
+        return
+
+    lines = [f"{hit.draft} drafting for {result.target.name} on {result.gpu.name} x{result.tp} "
+             f"({result.workload}, T={result.temperature:g})", ""]
+    lines.append(f"tokenizer: {hit.verdict} (vLLM accepts: {hit.vllm_accepts}; source: {hit.compat_source or 'n/a'})")
+    lines += [f"  - {n}" for n in hit.compat_notes]
+    if hit.compat_fix:
+        lines.append(f"  fix: {hit.compat_fix}")
+    lines.append(f"memory: fits={hit.fits}, KV tokens {fmt_tokens(hit.kv_tokens)} with the draft vs "
+                 f"{fmt_tokens(hit.kv_tokens_without_draft)} without; draft weights {fmt_num(hit.draft_weights_gib)} GiB/rank, "
+                 f"draft KV share {fmt_num((hit.draft_pool_share or 0) * 100, 0)}%, headroom {fmt_num(hit.headroom_gib)} GiB")
+    if hit.memory_reason:
+        lines.append(f"  {hit.memory_reason}")
+    if hit.memory_fix:
+        lines.append(f"  fix: {hit.memory_fix}")
+    lines.append(f"acceptance: α={fmt_num(hit.acceptance, 3)} band [{fmt_num(hit.acceptance_low, 3)}, "
+                 f"{fmt_num(hit.acceptance_high, 3)}], relation {hit.relation}, source {hit.acceptance_source}")
+    lines.append(f"  citation: {hit.acceptance_citation}")
+    lines.append(f"speedup ({hit.speedup_source or 'n/a'}):")
+    for b in result.batches:
+        lines.append(f"  batch {b}: {fmt_num(hit.speedup.get(b))}x [{fmt_num(hit.speedup_low.get(b))}, "
+                     f"{fmt_num(hit.speedup_high.get(b))}] at K={hit.best_k_by_batch.get(b)}")
+    if hit.per_k:
+        lines.append(f"  per K at batch {result.batches[0]}: " + ", ".join(
+            f"K={k}: {fmt_num(v.get('speedup'))}x" for k, v in sorted(hit.per_k.items())))
+    lines += [f"  note: {n}" for n in hit.speedup_notes]
+    lines.append(f"verdict: {hit.decision} — {hit.reason}")
+    click.echo("\n".join(lines))

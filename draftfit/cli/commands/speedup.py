@@ -1,0 +1,184 @@
+"""`draftfit speedup`: the Leviathan closed form, or a full prediction for a target/draft/GPU layout."""
+
+from __future__ import annotations
+
+import click
+
+from draftfit.errors import DraftfitError
+from draftfit.cli.render import json_option
+from draftfit.acceptance.store import result_from_row
+from draftfit.cli.render import console, emit_json, table
+from draftfit.speedup.predict import predict_speedup, simple_speedup
+from draftfit.acceptance.store import MeasurementStore
+from draftfit.speedup.correction import load_default
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DraftfitError(f"cannot read {what} {text!r}", fix="give comma-separated numbers, e.g. 0.8,0.62,0.5")
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DraftfitError(f"cannot read {what} {text!r}", fix="give comma-separated integers, e.g. 1,8,32")
+    if not out:
+        raise DraftfitError(f"no {what} given", fix="give comma-separated integers, e.g. 1,8,32")
+    return out
+
+
+def _acceptance_from_run(run_id: int):
+    with MeasurementStore() as store:
+        row = store.get(run_id)
+    if row is None:
+        raise DraftfitError(f"no stored run {run_id}", fix="see `draftfit runs`")
+
+    res = result_from_row(row, source=f"run {run_id}")
+    curve = list(getattr(res, "per_position", None) or [])
+    alpha = getattr(res, "acceptance_rate", None)
+    return res, (curve or None), alpha
+
+
+@click.command(name="speedup")
+@click.option("--alpha", type=float, help="Per-token acceptance rate (i.i.d.).")
+@click.option("--acceptance-curve", "curve_text", help="a1,a2,...: P(first i drafts all accepted).")
+@click.option("--run", "run_id", type=int, help="Use the acceptance of a stored run (`draftfit runs`).")
+@click.option("--k", "k_text", help="K (num_speculative_tokens); with --target, a list like 2,4. Default 1..8.")
+@click.option("--c", "c", type=float, help="Draft step / target step cost ratio (closed-form mode).")
+@click.option("--target", help="Target model (catalog name, hub id or folder): full prediction mode.")
+@click.option("--draft", help="Draft model.")
+@click.option("--gpu", help="GPU (catalog name), e.g. H200.")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--batch", "batch_text", default="1", show_default=True, help="Batch sizes, e.g. 1,8,32,128.")
+@click.option("--context-len", type=int, default=1024, show_default=True, help="Mean context length in tokens.")
+@click.option("--learned-correction", is_flag=True,
+              help="Apply the learned correction of `draftfit fit` to the roofline (off: it has not beaten it).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of speedup vs K.")
+@json_option
+def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_text, context_len, learned_correction, plot_path,
+            as_json):
+    """Expected speedup for a K, acceptance and step cost (Leviathan et al. 2023), or, with --target,
+    --draft and --gpu, the predicted TPOT speedup per K and batch size from calibrated or roofline step costs.
+
+    \b
+    Examples:
+      draftfit speedup --alpha 0.8 --k 4 --c 0.05
+      draftfit speedup --acceptance-curve 0.8,0.62,0.47 --k 3 --c 0.1 --json
+      draftfit speedup --target Llama-3.1-70B --draft Llama-3.2-1B --gpu H200 --tp 2 --alpha 0.7 --batch 1,32
+    """
+
+    given = [x is not None for x in (alpha, curve_text, run_id)]
+    if sum(given) > 1:
+        raise DraftfitError("give only one of --alpha, --acceptance-curve, --run", fix="pick one acceptance source")
+    acceptance, acc_source, curve = None, None, None
+    if alpha is not None:
+        acceptance, acc_source = alpha, "given --alpha"
+    elif curve_text:
+        curve = _floats(curve_text, "acceptance curve")
+        acceptance, acc_source = curve, "given --acceptance-curve"
+    elif run_id is not None:
+        res, curve, a = _acceptance_from_run(run_id)
+        acceptance, acc_source = (curve or a), f"run {run_id}"
+    if acceptance is None:
+        raise DraftfitError("no acceptance given", fix="pass --alpha, --acceptance-curve or --run")
+
+    if target or draft or gpu:
+        if not (target and draft and gpu):
+            raise DraftfitError("prediction mode needs --target, --draft and --gpu together",
+                                fix="or use --alpha/--k/--c for the closed form")
+        if c is not None:
+            raise DraftfitError("--c is for the closed form; with --target the step costs come from the GPU",
+                                fix="drop --c")
+
+        ks = _ints(k_text, "K values") if k_text else list(range(1, 9))
+        pred = predict_speedup(target, draft, gpu, tp=tp, acceptance=acceptance, batches=_ints(batch_text, "batch sizes"),
+                               k_values=ks, context_len=context_len,
+                               correction=load_default() if learned_correction else None)
+        pred.acceptance_source = acc_source
+        if plot_path:
+            plot_prediction(pred, plot_path)
+        if as_json:
+            emit_json(pred)
+            return
+        _render_prediction(pred, console())
+        if plot_path:
+            click.echo(f"plot: {plot_path}")
+        return
+
+    if k_text is None or c is None:
+        raise DraftfitError("closed-form mode needs --k and --c", fix="e.g. --alpha 0.8 --k 4 --c 0.05, "
+                            "or give --target/--draft/--gpu for a prediction")
+
+    k = _ints(k_text, "K")
+    if len(k) != 1:
+        raise DraftfitError("closed-form mode takes one K", fix="e.g. --k 4")
+    if plot_path:
+        raise DraftfitError("--plot needs --target, --draft and --gpu", fix="drop --plot")
+    res = simple_speedup(k=k[0], c=c, alpha=alpha, curve=curve)
+    if as_json:
+        out = dict(vars(res))
+        out["acceptance_source"] = acc_source
+        emit_json(out)
+        return
+    con = console()
+    con.print(f"speedup {res.speedup:.3f}x  (E = {res.expected_tokens_per_step:.3f} tokens per target step, "
+              f"K = {res.k}, c = {res.c}; acceptance {acc_source})")
+    con.print(f"best K for this acceptance and c: {res.best_k} ({res.per_k[res.best_k]:.3f}x)")
+    con.print(f"[dim]source: {res.source}[/dim]")
+
+
+def _render_prediction(pred, con) -> None:
+
+    ks = sorted(next(iter(pred.batches.values())).per_k)
+    rows = []
+    for b, bp in pred.batches.items():
+        cells = []
+        for k in ks:
+            s = bp.per_k[k]["speedup"]
+            mark = "*" if k == bp.best_k else ""
+            meas = f" (m {bp.measured[k]:.2f})" if k in bp.measured else ""
+            cells.append(f"{s:.2f}{mark}{meas}")
+        best = f"K={bp.best_k} {bp.speedup:.2f}x [{bp.low:.2f}-{bp.high:.2f}]" if bp.best_k else \
+            f"don't ({max(v['speedup'] for v in bp.per_k.values()):.2f}x at best)"
+        rows.append([b, *cells, best, f"{bp.c:.3f}", f"{bp.spec_overhead_ms:.2f}", f"{bp.base_step_ms:.2f}"])
+    cols = ["batch", *[f"K={k}" for k in ks], "best (band)", "c", "spec ovh ms", "plain step ms"]
+    con.print(table(f"{pred.target} + {pred.draft} on {pred.gpu} TP={pred.tp}, alpha {pred.alpha:.2f} "
+                    f"({pred.acceptance_source})", cols, rows,
+                    caption=f"step costs: {pred.source}; E from {pred.citation}; (m x) = measured in calibration"))
+    con.print(f"verdict: [bold]{pred.verdict}[/bold]; recommended num_speculative_tokens = {pred.recommended_k}")
+    if pred.k_schedule:
+        con.print(f"per-batch K schedule (num_speculative_tokens_per_batch_size): {[list(r) for r in pred.k_schedule]}")
+    for n in pred.notes:
+        con.print(f"[dim]note: {n}[/dim]")
+
+
+def plot_prediction(pred, path: str) -> str:
+    """PNG of predicted speedup vs K per batch size (band shaded), measured points where calibrated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for b, bp in pred.batches.items():
+        ks = sorted(bp.per_k)
+        line, = ax.plot(ks, [bp.per_k[k]["speedup"] for k in ks], marker="o", label=f"batch {b} predicted")
+        ax.fill_between(ks, [bp.per_k[k]["low"] for k in ks], [bp.per_k[k]["high"] for k in ks],
+                        color=line.get_color(), alpha=0.12)
+        if bp.measured:
+            mk = sorted(bp.measured)
+            ax.scatter(mk, [bp.measured[k] for k in mk], marker="x", s=60, color=line.get_color(),
+                       label=f"batch {b} measured (synthetic acceptance)")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("K (num_speculative_tokens)")
+    ax.set_ylabel("TPOT speedup vs no speculation")
+    ax.set_title(f"{pred.target} + {pred.draft}, {pred.gpu} TP={pred.tp}, alpha={pred.alpha:.2f}\n"
+                 f"step costs: {pred.source}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

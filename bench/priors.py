@@ -47,7 +47,7 @@ def main() -> int:
         markdown_table(["relation", "points", "MAE alpha", "mean error"], summary),
         markdown_table(["point", "pair", "relation", "workload", "T", "alpha reported", "alpha LOO", "error",
                         "tau@K=4 reported / LOO", "as reported"], rows),
-        f"Fitted logit coefficients (all points): {coef}. Sources and URLs: `catalogs/acceptance_priors.yaml`.",
+        f"Fitted logit coefficients (all points): {coef}. Sources and URLs: `draftfit/catalogs/acceptance_priors.yaml`.",
     ])
     print(body)
     write_section("priors", body, command=".venv/bin/python bench/priors.py")

@@ -279,7 +279,7 @@ def _restarted_configs(cases) -> list[str]:
 def render(result: dict, summary: dict) -> str:
     """Markdown for the README."""
     if not result["cases"]:
-        return ("No calibration data yet: no usable GPU step-cost table in `data/calibration/*.json`. Run the GPU campaign "
+        return ("No calibration data yet: no usable GPU step-cost table in `draftfit/data/calibration/*.json`. Run the GPU campaign "
                 "(docs/GPU_CAMPAIGN.md), then `draftfit calibrate --ingest ...` and this script.")
     s = summary
     goal_err = s["mape_draftfit"] <= 0.15 and s["within15_draftfit"] >= 0.8
@@ -364,7 +364,7 @@ def render(result: dict, summary: dict) -> str:
            f"below {NO_SPECULATION_BELOW}x, so both say: do not speculate)" if s["bestk_multi_dont"] else "") + ". "
         f"Measured speedups (synthetic acceptance {' / '.join(f'{r:g}' for r in s['rates'])}, vLLM 0.26, H200, "
         "dummy weights) are in "
-        "data/calibration/*.json, per-repeat timings and engine logs in data/calibration/raw/<date>/ "
+        "draftfit/data/calibration/*.json, per-repeat timings and engine logs in data/calibration/raw/<date>/ "
         "(2026-12-01: the 8B pairs at 0.8 and 0.6, Qwen2.5-Coder-32B + 7B and Qwen3-32B + Qwen3-1.7B, one engine at "
         "a time on a one-GPU host; "
         "2026-11-30: the 70B pairs at TP=2).",
@@ -406,7 +406,7 @@ def leviathan_table4() -> str:
 
     from draftfit.speedup.predict import analytic_speedup, expected_tokens_per_step
 
-    ref = yaml.safe_load((ROOT / "data" / "reference" / "leviathan2023_table4.yaml").read_text())
+    ref = yaml.safe_load((ROOT / "draftfit" / "data" / "reference" / "leviathan2023_table4.yaml").read_text())
     rows, diffs, same, beat_e = [], [], 0, 0
     for r in ref["rows"]:
         ours = analytic_speedup(r["alpha"], r["gamma"], r["c"])
@@ -427,11 +427,11 @@ def leviathan_table4() -> str:
     ])
 
 
-PREDICTIONS = ROOT / "data" / "predictions"
+PREDICTIONS = ROOT / "draftfit" / "data" / "predictions"
 
 
 def preregistered(tables, folder: Path = PREDICTIONS) -> list[dict]:
-    """Predictions written before their configuration was measured (data/predictions/*.json, each the
+    """Predictions written before their configuration was measured (draftfit/data/predictions/*.json, each the
     JSON of a `draftfit speedup` call), scored against the table measured afterwards: per (batch, K), the
     predicted speedup and band against the measured steady-state speedup. Files whose table is not there
     yet are listed with no points."""
@@ -469,7 +469,7 @@ def render_preregistered(records: list[dict]) -> str:
     for r in records:
         head = (f"Pre-registered: {r['target']} + {r['draft']} on {r['gpu']} TP={r['tp']} at acceptance "
                 f"{r['alpha']:g}, predicted on {r['created']} before any engine of this configuration ran "
-                f"(data/predictions/{r['file']}; measured by campaign phase P)")
+                f"(draftfit/data/predictions/{r['file']}; measured by campaign phase P)")
         pts = r["points"]
         if not pts:
             lines += [head + ": not measured yet."]

@@ -18,7 +18,7 @@ PLAN_K = 4
 K_MAX = 8
 K_VALUES = tuple(range(1, K_MAX + 1))
 
-# The built-in prompt sets (data/prompts/<workload>.jsonl) and the priors' workload feature.
+# The built-in prompt sets (draftfit/data/prompts/<workload>.jsonl) and the priors' workload feature.
 Workload = Literal["code", "math", "chat"]
 WORKLOADS: tuple[str, ...] = get_args(Workload)
 

@@ -1,4 +1,4 @@
-"""Internal consistency of catalogs/models.yaml and catalogs/gpus.yaml (the facts, not the loader)."""
+"""Internal consistency of draftfit/catalogs/models.yaml and draftfit/catalogs/gpus.yaml (the facts, not the loader)."""
 
 from __future__ import annotations
 

@@ -190,7 +190,9 @@ def test_local_folder_uses_its_own_files(tok_dirs, tmp_path):
 def test_folder_without_tokenizer_is_one_clear_error(tmp_path):
     from draftfit.errors import DraftfitError
 
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 10}))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
+                                                      "hidden_size": 64, "num_hidden_layers": 2,
+                                                      "num_attention_heads": 4}))
     with pytest.raises(DraftfitError, match="no tokenizer.json"):
         check_pair(resolve_model("Llama-3.1-8B"), resolve_model(str(tmp_path)))
 

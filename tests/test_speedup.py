@@ -49,7 +49,7 @@ def test_leviathan_table2_expected_tokens(row):
 def _leviathan_table4() -> list[dict]:
     import yaml
 
-    return yaml.safe_load((ROOT / "data" / "reference" / "leviathan2023_table4.yaml").read_text())["rows"]
+    return yaml.safe_load((ROOT / "draftfit" / "data" / "reference" / "leviathan2023_table4.yaml").read_text())["rows"]
 
 
 def test_leviathan_predicted_improvements_within_0_1x():
@@ -488,7 +488,7 @@ def test_calibrated_steps_follow_a_line_over_k_that_predicts_another_start_bette
 
 
 def test_preregistered_predictions_are_scored_against_the_table_measured_afterwards(tmp_path):
-    """A `draftfit speedup --json` record in data/predictions/ is matched to the calibration table of its
+    """A `draftfit speedup --json` record in draftfit/data/predictions/ is matched to the calibration table of its
     pair and rate, point by point; without a table it is listed as not measured yet."""
     bench = _bench("speedup")
     from draftfit.calibration.tables import load_tables

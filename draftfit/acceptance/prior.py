@@ -4,7 +4,7 @@ The prior models the per-token acceptance alpha (Leviathan et al. 2023) on the l
 
     logit(alpha) = b0 + b_relation + b_size * ln(target_params / draft_params) + b_workload + b_temp * T
 
-with coefficients ridge-fitted to the data points in `catalogs/acceptance_priors.yaml` (plus the reference
+with coefficients ridge-fitted to the data points in `draftfit/catalogs/acceptance_priors.yaml` (plus the reference
 runs the measurement store ships), shrunk toward hand-set values so that relations with few points stay
 sensible. The band is the leave-one-out residual spread of that fit (bench/priors.py reports it).
 Pure Python on purpose: `draftfit rank` evaluates this for every candidate and must start in well under a
@@ -24,6 +24,7 @@ from draftfit.catalog.specs import resolve_model
 from draftfit.compat.tokenizers import catalog_verdict
 from draftfit.acceptance.store import MeasurementStore
 from draftfit.acceptance import store as store_mod
+from draftfit.errors import DraftfitError
 
 PRIORS_FILE = CATALOG_DIR / "acceptance_priors.yaml"
 K_MAX = 8
@@ -239,24 +240,25 @@ def published_points() -> list[DataPoint]:
 
 
 def _iter_store_results():
-    """Every stored acceptance result: the user's store and the reference runs shipped in data/; empty
-    without store.py."""
-    rows = []
-    try:
-        rows += list(store_mod.reference_runs())
-    except Exception:  # a broken reference file must not break the prior
-        pass
-    try:
-        with store_mod.MeasurementStore() as st:
-            rows += st.runs(status="ok")
-    except Exception:
-        pass
+    """Every stored acceptance result: the reference runs shipped in draftfit/data/ (one each) and the user's
+    store pooled per configuration (store.pooled_results: two queries however many runs it holds); a damaged
+    store contributes nothing (store_status() says so)."""
     out = []
-    for r in rows:
+    try:
+        refs = list(store_mod.reference_runs())
+    except Exception:  # a broken reference file must not break the prior
+        refs = []
+    for r in refs:
         try:
             out.append(store_mod.result_from_row(r, source=r.get("file", "")))
         except Exception:
             continue
+    st = _store()
+    if st is not None:
+        try:
+            out += st.pooled_results()
+        except Exception as exc:
+            _note_store_problem(exc)
     return out
 
 
@@ -275,25 +277,62 @@ def measured_alpha(result) -> float | None:
 
 
 def stored_points() -> list[DataPoint]:
-    """Our own measurements as data points for the fit (relation from the catalog when names resolve)."""
+    """Our own measurements as data points for the fit (relation from the catalog when names resolve).
+    A shipped reference run is one point; the user's runs of one (target, draft, workload, temperature) are one
+    point, alpha weighted by drafts over their K and backends, so 10,000 repeats weigh as one configuration
+    (and the leave-one-out fit stays as cheap as the number of configurations)."""
+    specs: dict[str, object] = {}  # per distinct name: a store may hold thousands of runs of a few models
+    resolved: dict[tuple[str, str], tuple | None] = {}
+
+    def spec(name: str):
+        if name not in specs:
+            try:
+                specs[name] = resolve_model(name, allow_hub=False)
+            except Exception:
+                specs[name] = None
+        return specs[name]
+
+    def pair(tname: str, dname: str):
+        if (tname, dname) not in resolved:
+            t, d = spec(tname), spec(dname)
+            try:
+                resolved[(tname, dname)] = None if t is None or d is None else (
+                    t, d, relation_of(t, d), math.log(t.params_b / d.params_b) if d.params_b else 0.0)
+            except Exception:
+                resolved[(tname, dname)] = None
+        return resolved[(tname, dname)]
+
     out = []
+    pooled: dict[tuple, list] = {}
     for r in _iter_store_results():
-        alpha = measured_alpha(r)
         tname, dname = r.target, r.draft
-        if alpha is None or not tname or not dname:
+        got = pair(str(tname), str(dname)) if tname and dname else None
+        alpha = measured_alpha(r) if got is not None else None
+        if alpha is None:
             continue
-        try:
-            t, d = resolve_model(str(tname), allow_hub=False), resolve_model(str(dname), allow_hub=False)
-            rel, ratio = relation_of(t, d), math.log(t.params_b / d.params_b) if d.params_b else 0.0
-        except Exception:
+        t, d, rel, ratio = got
+        origin = str(r.source or f"run {r.run_id if r.run_id is not None else '?'}")
+        workload, temp = str(r.workload or "code"), float(r.temperature or 0.0)
+        if origin.startswith("store run"):
+            pooled.setdefault((t.name, d.name, rel, ratio, workload, temp), []).append((r, alpha, origin))
             continue
-        origin = r.source or f"run {r.run_id if r.run_id is not None else '?'}"
         out.append(DataPoint(id=f"measured:{origin}", source="measured", target=t.name,
-                             draft=d.name, relation=rel, workload=str(r.workload or "code"),
-                             temperature=float(r.temperature or 0.0), alpha=alpha,
+                             draft=d.name, relation=rel, workload=workload,
+                             temperature=temp, alpha=alpha,
                              log_size_ratio=ratio, reported=(f"{r.backend}: K={r.k}, "
                                                              f"{r.num_drafts} drafts, draft acceptance "
                                                              f"rate {float(r.acceptance_rate or 0):.3f}"),
+                             url="draftfit store"))
+    for (tname, dname, rel, ratio, workload, temp), group in pooled.items():
+        drafts = sum(max(int(r.num_drafts or 0), 1) for r, _, _ in group)
+        alpha = sum(a * max(int(r.num_drafts or 0), 1) for r, a, _ in group) / drafts
+        ks = sorted({int(r.k) for r, _, _ in group})
+        backends = sorted({str(r.backend) for r, _, _ in group})
+        origin = group[0][2] if len(group) == 1 else "; ".join(o for _, _, o in group[:3]) + (
+            f"; +{len(group) - 3} more" if len(group) > 3 else "")
+        out.append(DataPoint(id=f"measured:{origin}", source="measured", target=tname, draft=dname, relation=rel,
+                             workload=workload, temperature=temp, alpha=alpha, log_size_ratio=ratio,
+                             reported=f"{'/'.join(backends)}: K={','.join(map(str, ks))}, {drafts} drafts",
                              url="draftfit store"))
     return out
 
@@ -396,7 +435,7 @@ def relation_of(target, draft) -> str:
 
 
 def citation_for(relation: str) -> str:
-    """The published sources behind this relation's coefficients (ids of catalogs/acceptance_priors.yaml)."""
+    """The published sources behind this relation's coefficients (ids of draftfit/catalogs/acceptance_priors.yaml)."""
     data = _priors_yaml()
     pts = [p for p in data.get("points") or [] if p.get("fit", True)]
     srcs = sorted({p["source"] for p in pts if p.get("relation") == relation})
@@ -423,21 +462,53 @@ def _resolve(m):
     return m
 
 
+_STORE_PROBLEM: list[str] = []  # why this process ignored the user's store (one line), if it did
+
+
+def _note_store_problem(exc: BaseException) -> None:
+    line = exc.one_line() if isinstance(exc, DraftfitError) else " ".join(f"{type(exc).__name__}: {exc}".split())
+    if line not in _STORE_PROBLEM:
+        _STORE_PROBLEM.append(line)
+
+
 @lru_cache(maxsize=1)
 def _store():
     """One store connection per process (rank looks up every candidate)."""
     try:
         return MeasurementStore()
-    except Exception:  # an unreadable store: fall back to priors rather than fail the ranking
+    except Exception as exc:  # an unreadable store: fall back to priors rather than fail the ranking
+        _note_store_problem(exc)
         return None
+
+
+def store_status() -> str | None:
+    """One line when this process ignored the user's measurement store (damaged, locked, not a store), for
+    rank to print; None when the store was used (or is simply empty)."""
+    _store()
+    if not _STORE_PROBLEM:
+        return None
+    return f"ignored the measurement store: {_STORE_PROBLEM[0]}"
+
+
+@lru_cache(maxsize=1)
+def _reference_runs() -> list[dict]:
+    try:
+        return store_mod.reference_runs()
+    except Exception:
+        return []
 
 
 def _lookup_measured(target, draft, workload: str, temperature: float):
     st = _store()
-    if st is None:
-        return None
+    if st is not None:
+        try:
+            return st.lookup_acceptance(target, draft, workload, temperature)
+        except Exception as exc:
+            _note_store_problem(exc)
+    # Without a usable store the shipped reference runs still count.
     try:
-        return st.lookup_acceptance(target, draft, workload, temperature)
+        return store_mod.lookup_reference(_reference_runs(), store_mod._keys(target), store_mod._keys(draft),
+                                          workload, temperature)
     except Exception:
         return None
 

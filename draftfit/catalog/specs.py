@@ -1,6 +1,6 @@
 """Stage 1 — catalog: model and GPU specs, and resolution of the loose names users type.
 
-Facts come from `catalogs/models.yaml` and `catalogs/gpus.yaml` (architecture numbers copied from each
+Facts come from `draftfit/catalogs/models.yaml` and `draftfit/catalogs/gpus.yaml` (architecture numbers copied from each
 model's public config.json; the `source` field says which). A local folder holding a config.json is
 turned into a spec on the fly; a hub id is fetched only when a hub is reachable.
 """
@@ -36,7 +36,7 @@ class ModelSpec:
     max_position_embeddings: int
     tie_word_embeddings: bool
     params_b: float
-    tokenizer: str  # tokenizer family id, a key of catalogs/tokenizers.yaml
+    tokenizer: str  # tokenizer family id, a key of draftfit/catalogs/tokenizers.yaml
     family: str = ""
     dtype: str = "bfloat16"
     method: str = "draft_model"  # or "eagle3" for EAGLE heads, which draft only for `draft_for`
@@ -90,7 +90,7 @@ def _tuple_fields(cls, raw: dict) -> dict:
     unknown = set(raw) - known
     if unknown:
         raise DraftfitError(f"catalog entry {raw.get('name')!r} has unknown keys {sorted(unknown)}",
-                            fix="fix catalogs/*.yaml")
+                            fix="fix draftfit/catalogs/*.yaml")
     out = dict(raw)
     for key in ("aliases", "draft_for"):
         if key in out and out[key] is not None:
@@ -187,9 +187,57 @@ def _fetch_from_hub(hub_id: str) -> Path | None:
         return None
 
 
+# config.json fields that must be positive integers when present (the shapes every stage computes with).
+_POSITIVE_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                        "intermediate_size", "vocab_size", "max_position_embeddings", "num_experts",
+                        "num_local_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok",
+                        "sliding_window")
+_REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+MAX_CONFIG_BYTES = 4 * 1024 * 1024  # real config.json files are a few kB; refuse to parse a weights file
+
+
+def validate_config(config, where: str) -> dict:
+    """The text model's config dict, checked once: an object, required shapes present, every size a positive
+    integer (bool is not), head counts consistent. `where` names the file in the one-line error."""
+    if not isinstance(config, dict):
+        raise DraftfitError(f"{where} holds a JSON {type(config).__name__}, not an object",
+                            fix="point at a Hugging Face model folder whose config.json is a JSON object")
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    missing = [k for k in _REQUIRED_FIELDS if cfg.get(k) is None]
+    if missing:
+        raise DraftfitError(f"{where} lacks {', '.join(missing)}",
+                            fix="a causal LM's config.json names hidden_size, num_hidden_layers, "
+                                "num_attention_heads and vocab_size")
+    for key in _POSITIVE_INT_FIELDS:
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v > 2**40:
+            if key == "sliding_window" and (v is False or v == 0):
+                continue
+            raise DraftfitError(f"{where}: {key} = {v!r} is not a positive integer",
+                                fix=f"fix {key} in config.json (copy it from the model's published config)")
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    if heads % kv:
+        raise DraftfitError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}",
+                            fix="fix the head counts in config.json")
+    for key in ("tie_word_embeddings",):
+        if key in config and not isinstance(config[key], bool):
+            raise DraftfitError(f"{where}: {key} = {config[key]!r} is not true/false", fix=f"fix {key} in config.json")
+    for key in ("torch_dtype", "dtype", "model_type"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise DraftfitError(f"{where}: {key} = {config[key]!r} is not a string", fix=f"fix {key} in config.json")
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
+        raise DraftfitError(f"{where}: architectures = {archs!r} is not a list of names",
+                            fix='e.g. "architectures": ["LlamaForCausalLM"]')
+    return config
+
+
 def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: str = "",
                      tokenizer: str = "") -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json dict (text models; nested text_config honoured)."""
+    config = validate_config(config, f"{local_path or hub_id or name}/config.json")
     cfg = dict(config.get("text_config") or {}) or config
     heads = cfg.get("num_attention_heads") or 1
     hidden = cfg.get("hidden_size") or 0
@@ -219,13 +267,56 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
     )
 
 
+_SHAPE_FIELDS = ("architecture", "hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
+                 "intermediate_size", "vocab_size", "num_experts")
+
+
+def catalog_match(spec: ModelSpec) -> ModelSpec | None:
+    """The catalog entry a folder's config.json describes: same architecture and shapes. Several entries can
+    share a shape (a base and an instruct model, 3.0 and 3.1): the one whose name is closest to the folder's
+    name or hub id wins, then the one with the same context length."""
+    shape = tuple(getattr(spec, f) for f in _SHAPE_FIELDS)
+    hits = [m for m in load_models() if not m.is_eagle and tuple(getattr(m, f) for f in _SHAPE_FIELDS) == shape]
+    if not hits:
+        return None
+    label = _normalize((spec.hub_id or spec.name).split("/")[-1])
+
+    def closeness(m: ModelSpec) -> tuple:
+        names = [m.name, *m.aliases, m.hub_id.split("/")[-1]]
+        ratio = max(difflib.SequenceMatcher(None, label, _normalize(n)).ratio() for n in names)
+        return (ratio, m.max_position_embeddings == spec.max_position_embeddings)
+
+    return max(hits, key=closeness)
+
+
 def spec_from_folder(path: Path, hub_id: str = "") -> ModelSpec:
+    """A model folder: its config.json, checked; when it matches a catalog entry, that entry (its family,
+    tokenizer family, heads and priors) with the folder as where the weights and tokenizer files are."""
     config_file = path / "config.json"
-    if not config_file.exists():
-        raise DraftfitError(f"{path} has no config.json", fix="point at a Hugging Face model folder")
-    config = json.loads(config_file.read_text())
-    return spec_from_config(config, name=path.name if not hub_id else hub_id.split("/")[-1],
-                            hub_id=hub_id, local_path=str(path.resolve()), tokenizer=f"local:{path.resolve()}")
+    if not config_file.is_file():
+        what = "a folder named config.json" if config_file.is_dir() else "no config.json"
+        raise DraftfitError(f"{path} has {what}", fix="point at a Hugging Face model folder (config.json inside)")
+    try:
+        if config_file.stat().st_size > MAX_CONFIG_BYTES:
+            raise DraftfitError(f"{config_file} is {config_file.stat().st_size:,} bytes, not a config file",
+                                fix="point at the folder's real config.json (a few kB of JSON)")
+        config = json.loads(config_file.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, DraftfitError):
+            raise
+        detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise DraftfitError(f"{config_file} is not readable JSON ({detail})",
+                            fix="restore the model's config.json (it must be a UTF-8 JSON object)") from None
+    local = str(path.resolve())
+    spec = spec_from_config(config, name=path.name if not hub_id else hub_id.split("/")[-1],
+                            hub_id=hub_id, local_path=local, tokenizer=f"local:{local}")
+    entry = catalog_match(spec)
+    if entry is None:
+        return spec
+    import dataclasses
+
+    return dataclasses.replace(entry, local_path=local, dtype=spec.dtype,
+                               source=f"{local}/config.json (matches catalog entry {entry.name})")
 
 
 def draft_candidates(target: ModelSpec) -> list[ModelSpec]:

@@ -6,6 +6,8 @@ Commands live in `draftfit/commands/<name>.py` and are imported only when invoke
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 import click
@@ -49,12 +51,47 @@ class LazyGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
-    def invoke(self, ctx):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Every failure leaves as one line on stderr (and, with --json, {"error", "fix"} on stdout) with a
+        non-zero exit: draftfit's own errors, click's usage errors, and, as a last resort, a bug (whose
+        traceback DRAFTFIT_DEBUG=1 shows)."""
+        argv = list(sys.argv[1:] if args is None else args)
         try:
-            return super().invoke(ctx)
+            # standalone_mode=False: click returns ctx.exit()'s code instead of exiting, and raises the rest here.
+            rv = super().main(args=argv, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
+                              **extra)
+            code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+        except click.exceptions.Exit as exc:
+            code = exc.exit_code
+        except click.exceptions.NoArgsIsHelpError as exc:  # bare `draftfit` or a bare group: help, exit 0
+            click.echo(exc.ctx.get_help() if exc.ctx else "")
+            code = 0
+        except click.exceptions.Abort:
+            _fail(argv, "aborted", None, 130)
+        except click.ClickException as exc:  # usage errors: bad option values, missing arguments
+            command = next((a for a in argv if a in COMMANDS), None)
+            hint = f"see `draftfit {command} --help`" if command else "see `draftfit --help`"
+            _fail(argv, exc.format_message(), hint, exc.exit_code or 2)
         except DraftfitError as exc:
-            click.echo(f"error: {exc.one_line()}", err=True)
-            ctx.exit(exc.exit_code)
+            _fail(argv, exc.message, exc.fix, exc.exit_code)
+        except (KeyboardInterrupt, BrokenPipeError):
+            _fail(argv, "interrupted", None, 130)
+        except Exception as exc:  # a bug: still one line, the traceback on request
+            if os.environ.get("DRAFTFIT_DEBUG"):
+                raise
+            _fail(argv, f"internal error: {type(exc).__name__}: {exc}".splitlines()[0][:300],
+                  "please report it; DRAFTFIT_DEBUG=1 shows the traceback", 1)
+        if standalone_mode:
+            sys.exit(code or 0)
+        return code
+
+
+def _fail(argv: list[str], message: str, fix: str | None, exit_code: int):
+    line = " ".join(f"{message} — {fix}".split()) if fix else " ".join(str(message).split())
+    if "--json" in argv:
+        click.echo(json.dumps({"error": " ".join(str(message).split()), "fix": fix, "exit_code": exit_code}))
+    click.echo(f"error: {line}", err=True)
+    sys.exit(exit_code)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -72,11 +109,7 @@ def cli():
 
 
 def main(argv=None):
-    try:
-        cli.main(args=argv, prog_name="draftfit", standalone_mode=True)
-    except DraftfitError as exc:  # raised outside a command's invoke (e.g. while resolving a lazy command)
-        click.echo(f"error: {exc.one_line()}", err=True)
-        sys.exit(exc.exit_code)
+    cli.main(args=argv, prog_name="draftfit")
 
 
 if __name__ == "__main__":

@@ -51,3 +51,19 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]], caption:
 
 def json_option(f):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
+
+
+def fmt_num(v, digits=2, suffix="") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{v:.{digits}f}{suffix}"
+
+
+def fmt_tokens(n) -> str:
+    if n is None:
+        return "n/a"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    if n >= 1e3:
+        return f"{n / 1e3:.0f}k"
+    return str(int(n))

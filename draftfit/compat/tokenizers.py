@@ -4,12 +4,12 @@ Two questions with different answers:
 - Do the tokenizers agree? Compared on real files where we have them (`tokenizers.Tokenizer.from_file`,
   exact; AutoTokenizer mis-encodes some GPT2Tokenizer-class files in transformers 5.x): the full token→id
   mapping, added/special tokens, BOS/EOS/PAD, normalizer, pre-tokenizer and chat template, against each
-  model's embedding rows (config `vocab_size`). Without files, the fingerprints in catalogs/tokenizers.yaml.
+  model's embedding rows (config `vocab_size`). Without files, the fingerprints in draftfit/catalogs/tokenizers.yaml.
 - Will vLLM start the pair? For `method: draft_model` vLLM compares only the two configs' `vocab_size`
   (SpeculativeConfig.verify_equal_vocab_size_if_draft_model), so it refuses compatible pairs with padded
   embeddings and accepts incompatible pairs that happen to have equal row counts (garbage acceptance).
 
-`python -m draftfit.compat.tokenizers --write-catalog` recomputes catalogs/tokenizers.yaml from the fetched files.
+`python -m draftfit.compat.tokenizers --write-catalog` recomputes draftfit/catalogs/tokenizers.yaml from the fetched files.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class TokenizerFacts:
     """What we know about one side's tokenizer; the maps are present only when read from files."""
 
     family: str
-    where: str  # a folder, or "catalogs/tokenizers.yaml:<family>"
+    where: str  # a folder, or "draftfit/catalogs/tokenizers.yaml:<family>"
     from_files: bool
     base_size: int = 0  # model vocabulary (token→id mapping without added tokens)
     total_size: int = 0  # len(tokenizer): base plus added tokens
@@ -156,11 +156,11 @@ def load_tokenizer_catalog(catalog_dir: Path = CATALOG_DIR) -> dict[str, dict]:
 def facts_from_catalog(family: str) -> TokenizerFacts:
     entry = load_tokenizer_catalog().get(family)
     if entry is None:
-        return TokenizerFacts(family=family, where="(not in catalogs/tokenizers.yaml)", from_files=False,
+        return TokenizerFacts(family=family, where="(not in draftfit/catalogs/tokenizers.yaml)", from_files=False,
                               base_fingerprint=f"unknown:{family}", specials_fingerprint=f"unknown:{family}",
                               declared=True, note=f"no fingerprint for tokenizer family {family!r}")
     return TokenizerFacts(
-        family=family, where=f"catalogs/tokenizers.yaml:{family}", from_files=False,
+        family=family, where=f"draftfit/catalogs/tokenizers.yaml:{family}", from_files=False,
         base_size=entry.get("base_size", 0), total_size=entry.get("total_size", 0),
         id_span=entry.get("id_span", entry.get("total_size", 0)),
         base_fingerprint=str(entry.get("base_fingerprint", "")),
@@ -177,6 +177,9 @@ def tokenizer_facts(spec: ModelSpec, *, use_files: bool = True) -> TokenizerFact
     """Files of a local folder, else the fetched fixture of the spec's family, else catalog fingerprints."""
     if spec.tokenizer.startswith("local:"):
         return facts_from_folder(spec.tokenizer[len("local:"):])
+    if spec.local_path and (Path(spec.local_path) / "tokenizer.json").is_file():
+        # A folder matched to a catalog entry: its own files are what vLLM will load.
+        return facts_from_folder(spec.local_path, spec.tokenizer)
     if use_files:
 
         folder = tokenizer_dir(spec.tokenizer)

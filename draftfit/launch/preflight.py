@@ -6,18 +6,18 @@ CI runs `draftfit preflight ... || exit` before deploying; the launch script run
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from draftfit.errors import DraftfitError
-from draftfit.acceptance.prior import prior_acceptance
 from draftfit.catalog.specs import resolve_gpu, resolve_model
-from draftfit.compat import tokenizers as compat
-from draftfit.launch.serve import V1_DRAFT_MODEL_SINCE, installed_vllm_version, parse_version
-from draftfit.memory import plan as memory
-from draftfit.rank import predict_pair_speedup
+from draftfit.launch.serve import V1_DRAFT_MODEL_SINCE
+from draftfit.layout import build_layout
+from draftfit.pipeline import evaluate_pair
+from draftfit.rules import best_k, worth_speculating
+from draftfit.vllm_version import installed_vllm_version, parse_version
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
-MIN_SPEEDUP = 1.05
 HEADROOM_WARN_GIB = 1.0
 
 
@@ -80,110 +80,91 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
     if len(specs) < 2:
         return report
     target, draft = specs["target"], specs["draft"]
-    if k < 1:
-        add(Check("K", FAIL, f"K={k}", "pass --k 1..8"))
 
-    # 2-3. tokenizer and vLLM's vocab rule
+    # 2-8 come from one evaluation of the pair on the validated layout (pipeline.evaluate_pair).
     try:
-        local = bool(target.local_path or draft.local_path)
-        rep = compat.check_pair(target, draft, use_files=True) if local else compat.catalog_verdict(target, draft)
+        layout = build_layout(target, gpu=gpu.name if gpu else None, tp=tp, util=util, max_model_len=max_model_len,
+                              k=k, batches=(batch,), workload=workload, temperature=temperature,
+                              vllm_version=vllm_version, need_gpu=False, fit_context=False)
     except DraftfitError as exc:
-        rep = None
-        add(Check("tokenizer", WARN, f"could not compare tokenizers: {exc.message}", exc.fix))
-    if rep is not None:
-        first = "; ".join(n for n in rep.notes[:3])
-        if rep.verdict == "identical":
-            add(Check("tokenizer", PASS, f"identical ({rep.source})"))
-        elif rep.verdict == "compatible":
-            add(Check("tokenizer", WARN, f"compatible, not identical ({rep.source}): {first}",
-                      rep.fix or "check BOS/EOS and chat template: the target's are used"))
-        else:
-            add(Check("tokenizer", FAIL, f"incompatible ({rep.source}): {first}",
-                      rep.fix or "pick a draft with the target's tokenizer"))
-        if rep.vllm_accepts:
-            add(Check("vLLM vocab rule", PASS, "vLLM accepts the pair (config vocab_size equal, or an EAGLE head)"))
-        else:
-            add(Check("vLLM vocab rule", FAIL,
-                      f"vLLM refuses the pair: vocab_size {target.vocab_size} vs {draft.vocab_size}",
-                      rep.fix or "pick a draft with the same vocab_size, or pad the draft's embeddings"))
+        name = {"--tp": "TP divisibility", "--max-model-len": "max_model_len"}.get(exc.message.split(" ")[0], "layout")
+        add(Check(name, FAIL, exc.message, exc.fix))
+        return report
+    ev = evaluate_pair(layout, draft)
+    rep, dec = ev.compat, ev.decision
 
-    # 4-5. tensor parallelism
-    bad = [f"{role} {s.name} ({s.num_attention_heads} heads)" for role, s in (("target", target), ("draft", draft))
-           if s.num_attention_heads % tp and not (role == "draft" and draft.is_eagle)]
-    if tp < 1:
-        add(Check("TP divisibility", FAIL, f"TP={tp}", "pass --tp 1, 2, 4 or 8"))
-    elif bad:
-        ok = [t for t in (1, 2, 4, 8) if target.num_attention_heads % t == 0 and
-              (draft.is_eagle or draft.num_attention_heads % t == 0)]
-        add(Check("TP divisibility", FAIL, f"attention heads not divisible by TP={tp}: {', '.join(bad)}",
-                  f"use --tp in {ok}" + (" or a draft whose heads divide" if ok else "")))
+    # 2-3. tokenizer and what vLLM does with the pair
+    first = "; ".join(n for n in rep.notes[:3])
+    if rep.verdict == "identical":
+        add(Check("tokenizer", PASS, f"identical ({rep.source})"))
+    elif rep.verdict == "compatible":
+        add(Check("tokenizer", WARN, f"compatible, not identical ({rep.source}): {first}",
+                  rep.fix or "check BOS/EOS and chat template: the target's are used"))
+    else:
+        add(Check("tokenizer", FAIL, f"incompatible ({rep.source}): {first}",
+                  rep.fix or "pick a draft with the target's tokenizer"))
+    if ev.vllm_runs:
+        add(Check("vLLM vocab rule", PASS, ev.vllm_reason))
+    else:
+        add(Check("vLLM vocab rule", FAIL, ev.vllm_reason, dec.fix or rep.fix))
+
+    # 4-5. tensor parallelism (build_layout checked the target's heads)
+    if not draft.is_eagle and draft.num_attention_heads % tp:
+        ok = [t for t in (1, 2, 4, 8) if target.num_attention_heads % t == 0 and draft.num_attention_heads % t == 0]
+        add(Check("TP divisibility", FAIL, f"attention heads not divisible by TP={tp}: draft {draft.name} "
+                  f"({draft.num_attention_heads} heads)", f"use --tp in {ok}"))
     else:
         add(Check("TP divisibility", PASS, f"TP={tp} divides {target.num_attention_heads} target heads"
                   + ("" if draft.is_eagle else f" and {draft.num_attention_heads} draft heads")))
-        if tp > 1:
-            add(Check("draft TP", PASS, f"draft_tensor_parallel_size={tp} (equal to the target's; draftfit's serve "
-                      "command sets it), so the draft's shards sit beside the target's"))
-        else:
-            add(Check("draft TP", PASS, "TP=1: the draft runs on the target's GPU"))
+        add(Check("draft TP", PASS, "TP=1: the draft runs on the target's GPU" if tp == 1 else
+                  f"draft_tensor_parallel_size={tp} (equal to the target's; draftfit's serve command sets it), so "
+                  "the draft's shards sit beside the target's"))
 
     # 6. memory
-
+    plan = ev.memory
     if gpu is None:
         if gpu_name is None:
             add(Check("memory", WARN, "no --gpu: memory fit not checked", "pass --gpu, e.g. --gpu H100-80GB"))
+    elif plan is None:
+        add(Check("memory fit", FAIL, ev.memory_error, ev.memory_fix))
     else:
-        try:
-            plan = memory.plan_memory(target, draft, gpu, tp=tp, util=util, max_model_len=max_model_len,
-                                      num_speculative_tokens=k)
-            detail = (f"weights {plan.weights_gib:.1f} GiB/rank (draft {plan.draft_weights_gib:.2f}), KV {plan.kv_tokens:,} "
-                      f"tokens (draft takes {plan.draft_pool_share * 100:.0f}%), max concurrency "
-                      f"{plan.max_concurrency:.1f} at {plan.max_model_len} tokens, headroom {plan.headroom_gib:.1f} GiB")
-            if not plan.fits:
-                add(Check("memory fit", FAIL, f"does not fit: {plan.reason}", plan.fix))
-            elif plan.headroom_gib < HEADROOM_WARN_GIB:
-                add(Check("memory fit", WARN, f"fits with little headroom: {detail}", plan.fix or
-                          "lower --max-model-len or raise --util"))
-            else:
-                add(Check("memory fit", PASS, detail))
-        except DraftfitError as exc:
-            add(Check("memory fit", FAIL, exc.message, exc.fix))
+        detail = (f"weights {plan.weights_gib:.1f} GiB/rank (draft {plan.draft_weights_gib:.2f}), KV {plan.kv_tokens:,} "
+                  f"tokens (draft takes {plan.draft_pool_share * 100:.0f}%), max concurrency "
+                  f"{plan.max_concurrency:.1f} at {plan.max_model_len} tokens, headroom {plan.headroom_gib:.1f} GiB")
+        if not plan.fits:
+            add(Check("memory fit", FAIL, f"does not fit: {plan.reason}", plan.fix))
+        elif plan.headroom_gib < HEADROOM_WARN_GIB:
+            add(Check("memory fit", WARN, f"fits with little headroom: {detail}", plan.fix or
+                      "lower --max-model-len or raise --util"))
+        else:
+            add(Check("memory fit", PASS, detail))
 
     # 7. context length
-    mml = max_model_len or target.max_position_embeddings
-    if max_model_len and target.max_position_embeddings and max_model_len > target.max_position_embeddings:
-        add(Check("max_model_len", FAIL, f"{max_model_len} > target max_position_embeddings "
-                  f"{target.max_position_embeddings}", f"--max-model-len {target.max_position_embeddings}"))
-    elif draft.max_position_embeddings and not draft.is_eagle and mml > draft.max_position_embeddings:
+    mml = layout.max_model_len
+    if draft.max_position_embeddings and not draft.is_eagle and mml > draft.max_position_embeddings:
         add(Check("max_model_len", WARN if not max_model_len else FAIL,
                   f"{mml} > draft max_position_embeddings {draft.max_position_embeddings}: vLLM cannot draft past the "
                   "draft's context", f"--max-model-len {draft.max_position_embeddings}"))
     else:
         add(Check("max_model_len", PASS, f"{mml} within both models' max_position_embeddings"))
 
-    # 8. predicted speedup
+    # 8. predicted speedup, at the K asked for, beside the best K
+    pred = ev.speedup
     if gpu is None:
         add(Check("predicted speedup", WARN, "no GPU given: speedup not predicted", "pass --gpu"))
-    else:
-
-        try:
-            est = prior_acceptance(target, draft, workload, temperature)
-            pred = predict_pair_speedup(target, draft, gpu, tp=tp, est=est, batches=(batch,))
-            row = pred.batches[batch]
-            best_k, best_s = row.best_k, row.speedup
-            at_k = row.per_k.get(k)
-            if at_k is None:
-                s, note_k = best_s, f"best K={best_k}"
-            else:
-                s, note_k = at_k["speedup"], f"K={k} (best K={best_k}: {best_s:.2f}x)"
-            src = f"acceptance {est.alpha:.2f} ({est.source}), step costs {pred.source}"
-            if s >= MIN_SPEEDUP:
-                add(Check("predicted speedup", PASS, f"{s:.2f}x at batch {batch}, {note_k}; {src}"))
-            else:
-                add(Check("predicted speedup", WARN, f"only {s:.2f}x at batch {batch}, {note_k}; {src}",
-                          f"use K={best_k}" if best_k and best_k != k and (best_s or 0) >= MIN_SPEEDUP
-                          else "serve without speculation, or pick a better-accepted draft"))
-        except DraftfitError as exc:
-            add(Check("predicted speedup", WARN, exc.message, exc.fix))
+    elif pred is not None:
+        full = evaluate_pair(dataclasses.replace(layout, k=None), draft, acceptance=ev.acceptance).speedup
+        s_k = pred.batches[batch].per_k[k]["speedup"]
+        best_per_k = {kk: row["speedup"] for kk, row in full.batches[batch].per_k.items()}
+        b_k = best_k(best_per_k)
+        note_k = f"K={k} (best K={b_k}: {best_per_k[b_k]:.2f}x)"
+        src = f"acceptance {ev.acceptance.alpha:.2f} ({ev.acceptance.source}), step costs {pred.source}"
+        if worth_speculating(s_k):
+            add(Check("predicted speedup", PASS, f"{s_k:.2f}x at batch {batch}, {note_k}; {src}"))
+        else:
+            add(Check("predicted speedup", WARN, f"only {s_k:.2f}x at batch {batch}, {note_k}; {src}",
+                      f"use K={b_k}" if b_k != k and worth_speculating(best_per_k[b_k])
+                      else "serve without speculation, or pick a better-accepted draft"))
 
     # 9. installed vLLM
 

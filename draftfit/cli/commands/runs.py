@@ -13,8 +13,8 @@ from draftfit.cli.render import json_option
 from draftfit.acceptance.store import MeasurementStore, result_from_row
 from draftfit.cli.render import console, emit_json, table
 
-_store_option = click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None,
-                             help="SQLite store (default: ~/.cache/draftfit/measurements.sqlite).")
+_store_option = click.option("--store", "store_path", type=click.Path(), default=None,
+                             help="SQLite store (default: $DRAFTFIT_STORE or ~/.cache/draftfit/measurements.sqlite).")
 
 CSV_COLUMNS = ["id", "status", "backend", "target", "draft", "workload", "temperature", "k", "seed", "num_prompts",
                "max_tokens", "num_drafts", "num_draft_tokens", "num_accepted", "acceptance_rate",

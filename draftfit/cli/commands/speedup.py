@@ -11,6 +11,8 @@ from draftfit.cli.render import console, emit_json, table
 from draftfit.speedup.predict import predict_speedup, simple_speedup
 from draftfit.acceptance.store import MeasurementStore
 from draftfit.speedup.correction import load_default
+from draftfit.catalog.specs import resolve_model
+from draftfit.pipeline import vllm_verdict
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -93,6 +95,10 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
             raise DraftfitError("--c is for the closed form; with --target the step costs come from the GPU",
                                 fix="drop --c")
 
+        t_spec, d_spec = resolve_model(target), resolve_model(draft)
+        runs, why, fix = vllm_verdict(t_spec, d_spec, tp)
+        if not runs:
+            raise DraftfitError(f"{d_spec.name} cannot draft for {t_spec.name}: {why}", fix=fix, exit_code=1)
         ks = _ints(k_text, "K values") if k_text else list(range(1, 9))
         pred = predict_speedup(target, draft, gpu, tp=tp, acceptance=acceptance, batches=_ints(batch_text, "batch sizes"),
                                k_values=ks, context_len=context_len,

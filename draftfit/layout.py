@@ -1,0 +1,266 @@
+"""The user's question, validated once at the boundary.
+
+`build_layout()` turns the options of any command into a `Layout`: the target resolved once (catalog name,
+alias, hub id or local folder matched to its catalog entry), the GPU, TP, gpu_memory_utilization, context
+length, K, batch sizes, workload, temperature, dtypes, quantization and vLLM version, each checked against
+its real range. Every later stage receives the Layout and trusts it; none re-parses a name or re-checks a
+range. A bad value is one DraftfitError naming the option, what is allowed and the fix (exit 2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from draftfit.catalog.specs import GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from draftfit.errors import DraftfitError
+from draftfit.memory.plan import plan_memory
+from draftfit.rules import K_MAX, TP_CHOICES, WORKLOADS
+from draftfit.vllm_version import installed_vllm_version, parse_version
+
+DEFAULT_GPU = "H100-80GB"
+DEFAULT_UTIL = 0.9
+MAX_BATCH = 16384  # far above any max_num_seqs vLLM defaults to (1024 on the largest GPUs)
+MIN_CONTEXT = 256  # below this no chat or code request fits; vLLM itself accepts less, nobody serves it
+MAX_TEMPERATURE = 2.0  # the OpenAI-compatible API's range
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+QUANTIZATIONS = ("none", "fp8", "awq", "gptq")  # memory.plan.QUANT_BYTES_PER_PARAM
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One validated question. Built by build_layout(); fields documented where declared."""
+
+    target: ModelSpec  # resolved once; a local folder that matches a catalog entry is that entry
+    gpu: GpuSpec | None  # None: no GPU given where none is needed (serve-cmd without --gpu)
+    tp: int  # tensor-parallel size of target and draft (vLLM's draft_model needs equal TP)
+    util: float  # gpu_memory_utilization, in (0, 1]
+    max_model_len: int  # the context every memory figure assumes
+    batches: tuple[int, ...]  # batch sizes the speedup is predicted at, sorted, distinct
+    workload: str  # one of rules.WORKLOADS: which prompt set / prior feature
+    temperature: float  # sampling temperature, 0 (greedy) to 2
+    k: int | None = None  # a fixed K (num_speculative_tokens), or None to let draftfit choose per batch
+    dtype: str = "auto"
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
+    vllm_version: str | None = None  # the version commands are written for; None: installed, else newest
+    notes: tuple[str, ...] = field(default_factory=tuple)  # what draftfit chose for the user and why
+    context_given: bool = False  # the user passed --max-model-len
+    tp_given: bool = False
+    max_num_seqs: int | None = None  # None: vLLM's default for the GPU; set when draftfit had to lower it to fit
+
+    def to_dict(self) -> dict:
+        return {"target": self.target.name, "target_hub_id": self.target.hub_id, "target_path": self.target.local_path,
+                "gpu": self.gpu.name if self.gpu else None, "tp": self.tp, "util": self.util,
+                "max_model_len": self.max_model_len, "batches": list(self.batches), "workload": self.workload,
+                "temperature": self.temperature, "k": self.k, "dtype": self.dtype, "quantization": self.quantization,
+                "kv_cache_dtype": self.kv_cache_dtype, "max_num_seqs": self.max_num_seqs, "vllm_version": self.vllm_version, "notes": list(self.notes)}
+
+
+# ----------------------------------------------------------------------------------------- validators
+
+def _finite(value, option: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise DraftfitError(f"{option} {value!r} is not a number", fix=f"pass {option} as a number") from None
+    if math.isnan(v) or math.isinf(v):
+        raise DraftfitError(f"{option} {value!r} is not a finite number", fix=f"pass {option} as a finite number")
+    return v
+
+
+def check_util(util) -> float:
+    v = _finite(util, "--util")
+    if not 0.0 < v <= 1.0:
+        raise DraftfitError(f"--util {util} is outside (0, 1]: it is the share of GPU memory vLLM may use",
+                            fix="pass --util between 0.5 and 0.95 (vLLM's default is 0.9)")
+    return v
+
+
+def check_temperature(temperature) -> float:
+    v = _finite(temperature, "--temperature")
+    if not 0.0 <= v <= MAX_TEMPERATURE:
+        raise DraftfitError(f"--temperature {temperature} is outside 0..{MAX_TEMPERATURE:g}",
+                            fix="pass --temperature 0 (greedy) up to 2")
+    return v
+
+
+def check_k(k, option: str = "--k") -> int:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise DraftfitError(f"{option} {k!r} is not an integer", fix=f"pass {option} 1..{K_MAX}")
+    if not 1 <= k <= K_MAX:
+        raise DraftfitError(f"{option} {k} is outside 1..{K_MAX} (draftfit predicts and measures K up to {K_MAX})",
+                            fix=f"pass {option} between 1 and {K_MAX}")
+    return k
+
+
+def check_batches(batches) -> tuple[int, ...]:
+    out = []
+    for b in batches:
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH:
+            raise DraftfitError(f"--batch {b!r} is not a batch size in 1..{MAX_BATCH}", fix="e.g. --batch 1,8,32")
+        out.append(b)
+    if not out:
+        raise DraftfitError("--batch is empty", fix="e.g. --batch 1,8,32")
+    return tuple(sorted(set(out)))
+
+
+def parse_int_list(text: str, option: str) -> tuple[int, ...]:
+    """'1,8, 32' -> (1, 8, 32); anything else is one error naming the option."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(not p for p in parts):
+        raise DraftfitError(f"{option} {text!r} is not a comma-separated list of integers", fix=f"e.g. {option} 1,8,32")
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise DraftfitError(f"{option} {text!r} is not a comma-separated list of integers",
+                            fix=f"e.g. {option} 1,8,32") from None
+
+
+def check_choice(value: str, choices: tuple[str, ...], option: str) -> str:
+    if value not in choices:
+        raise DraftfitError(f"{option} {value!r} is not one of {', '.join(choices)}", fix=f"pass {option} {choices[0]}")
+    return value
+
+
+def check_vllm_version(version: str | None) -> str | None:
+    if version is None:
+        return None
+    v = parse_version(version)
+    if len(v) < 2 or v[0] > 9:
+        raise DraftfitError(f"--vllm-version {version!r} is not a vLLM version", fix="e.g. --vllm-version 0.26.0")
+    return str(version)
+
+
+def check_tp(target: ModelSpec, tp) -> int:
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or tp > 64:
+        raise DraftfitError(f"--tp {tp!r} is not a tensor-parallel size", fix="pass --tp 1, 2, 4 or 8")
+    if target.num_attention_heads % tp or (target.num_kv_heads and tp > target.num_kv_heads
+                                           and tp % target.num_kv_heads):
+        ok = [t for t in TP_CHOICES if target.num_attention_heads % t == 0]
+        raise DraftfitError(f"--tp {tp}: {target.name} has {target.num_attention_heads} attention heads, "
+                            f"not divisible by {tp}", fix=f"pass --tp {' or '.join(map(str, ok))}")
+    return tp
+
+
+def check_context(target: ModelSpec, max_model_len) -> int:
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int):
+        raise DraftfitError(f"--max-model-len {max_model_len!r} is not an integer", fix="e.g. --max-model-len 8192")
+    limit = target.max_position_embeddings or 10**7
+    if not MIN_CONTEXT <= max_model_len <= limit:
+        raise DraftfitError(f"--max-model-len {max_model_len} is outside {MIN_CONTEXT}..{limit} "
+                            f"({target.name}'s max_position_embeddings)",
+                            fix=f"pass --max-model-len between {MIN_CONTEXT} and {limit}")
+    return max_model_len
+
+
+# ------------------------------------------------------------------------------------ TP and context
+
+def _fits(target, probe, gpu, tp, util, max_model_len, quantization, kv_cache_dtype,
+          max_num_seqs=None) -> tuple[bool, str]:
+    try:
+        plan = plan_memory(target, probe, gpu, tp=tp, util=util, max_model_len=max_model_len,
+                           quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
+                           num_speculative_tokens=4 if probe is not None else 0)
+    except DraftfitError as exc:
+        return False, exc.message
+    return bool(plan.fits), plan.reason or ""
+
+
+# A smaller max_num_seqs shrinks the profile run's activations and the CUDA-graph pool vLLM reserves; with a draft
+# beside a target that fills the GPU (Llama-3.1-70B on two H100s) it is what makes room for any KV cache.
+FALLBACK_MAX_NUM_SEQS = 256
+
+
+def choose_tp_and_context(target: ModelSpec, gpu: GpuSpec, *, tp: int | None, util: float, max_model_len: int | None,
+                          probe_draft: ModelSpec | None = None, quantization: str = "none",
+                          kv_cache_dtype: str = "auto", max_num_seqs: int | None = None
+                          ) -> tuple[int, int, int | None, list[str]]:
+    """(tp, max_model_len, max_num_seqs, notes). TP: the smallest that divides the heads and fits the target
+    (with `probe_draft` beside it, when given) at the context asked for. When no TP does, the longest context
+    that fits: the largest power of two (down to MIN_CONTEXT) at the given TP, or at the largest TP that
+    divides; failing that, the same with max_num_seqs FALLBACK_MAX_NUM_SEQS."""
+    wanted = max_model_len or target.max_position_embeddings or 4096
+    tps = [tp] if tp is not None else [t for t in TP_CHOICES if target.num_attention_heads % t == 0]
+    what = f"{target.name}" + (f" + {probe_draft.name}" if probe_draft is not None else "")
+    last = ""
+    for t in tps:
+        ok, why = _fits(target, probe_draft, gpu, t, util, wanted, quantization, kv_cache_dtype, max_num_seqs)
+        if ok:
+            notes = []
+            if tp is None:
+                notes.append(f"TP={t}: the smallest tensor-parallel size at which {what} fits on {gpu.name} at "
+                             f"{wanted} tokens" + (f" ({last})" if last else "") + "; pass --tp to choose")
+            return t, wanted, max_num_seqs, notes
+        last = f"TP={t}: {why or 'does not fit'}"
+    t = tps[-1]
+    seqs_options = [max_num_seqs] + ([FALLBACK_MAX_NUM_SEQS] if max_num_seqs is None else [])
+    asked = "the --max-model-len asked for" if max_model_len else f"{target.name}'s default context"
+    for seqs in seqs_options:
+        length = 1 << (max(wanted - 1, 1).bit_length() - 1)  # the largest power of two below wanted
+        while length >= MIN_CONTEXT:
+            ok, _ = _fits(target, probe_draft, gpu, t, util, length, quantization, kv_cache_dtype, seqs)
+            if ok:
+                extra = (f" with max_num_seqs {seqs} (the default leaves no KV cache beside the draft)"
+                         if seqs != max_num_seqs else "")
+                return t, length, seqs, [
+                    f"max_model_len {length}{extra}: {asked} ({wanted} tokens) does not fit {what} on {gpu.name} "
+                    f"x{t} ({last}); {length} is the longest power of two that does. Pass --max-model-len to "
+                    "choose another, or --tp / --gpu for more memory"]
+            length //= 2
+    raise DraftfitError(f"{what} does not fit on {gpu.name} x{t} at any context ({last})",
+                        fix="pass a larger --tp, a GPU with more memory (--gpu), or --quantization fp8", exit_code=1)
+
+
+def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | None = None,
+                 util: float | None = None, max_model_len: int | None = None, k: int | None = None,
+                 batches=(1,), workload: str = "chat", temperature: float = 0.0, dtype: str = "auto",
+                 quantization: str = "none", kv_cache_dtype: str = "auto", vllm_version: str | None = None,
+                 need_gpu: bool = True, probe_draft: ModelSpec | None = None, fit_context: bool = True,
+                 max_num_seqs: int | None = None) -> Layout:
+    """Validate every option once and resolve the names; choose TP and context when not given."""
+    spec = target if isinstance(target, ModelSpec) else resolve_model(str(target))
+    if spec.is_eagle:
+        raise DraftfitError(f"{spec.name} is an EAGLE head, not a target model",
+                            fix=f"use the model it drafts for: {', '.join(spec.draft_for) or 'see its card'}")
+    util_v = check_util(DEFAULT_UTIL if util is None else util)
+    temp = check_temperature(temperature)
+    wl = check_choice(workload, WORKLOADS, "--workload")
+    bs = check_batches(batches)
+    k_v = check_k(k) if k is not None else None
+    dt = check_choice(dtype or "auto", DTYPES, "--dtype")
+    quant = check_choice(quantization or "none", QUANTIZATIONS, "--quantization")
+    kvd = check_choice(kv_cache_dtype or "auto", KV_CACHE_DTYPES, "--kv-cache-dtype")
+    version = check_vllm_version(vllm_version)
+    if tp is not None:
+        check_tp(spec, tp)
+    if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
+                                     or not 1 <= max_num_seqs <= MAX_BATCH):
+        raise DraftfitError(f"--max-num-seqs {max_num_seqs!r} is outside 1..{MAX_BATCH}", fix="e.g. --max-num-seqs 256")
+    if max_model_len is not None:
+        check_context(spec, max_model_len)
+    notes: list[str] = []
+    gpu_spec = None
+    if gpu is not None or need_gpu:
+        if gpu is None:
+            notes.append(f"GPU not given: assuming {DEFAULT_GPU} (pass --gpu)")
+        gpu_spec = resolve_gpu(gpu or DEFAULT_GPU)
+    if gpu_spec is not None and (fit_context or tp is None):
+        tp_v, context, seqs, chosen = choose_tp_and_context(spec, gpu_spec, tp=tp, util=util_v,
+                                                            max_model_len=max_model_len, probe_draft=probe_draft,
+                                                            quantization=quant, kv_cache_dtype=kvd,
+                                                            max_num_seqs=max_num_seqs)
+        if not fit_context and max_model_len is not None:
+            context = max_model_len  # preflight and memory judge the context asked for, as vLLM would
+        notes += chosen
+    else:
+        tp_v, context, seqs = tp or 1, max_model_len or spec.max_position_embeddings or 4096, max_num_seqs
+    if version is None:
+        installed = installed_vllm_version()
+        if installed:
+            notes.append(f"vLLM {installed} (installed here)")
+    return Layout(target=spec, gpu=gpu_spec, tp=tp_v, util=util_v, max_model_len=context, batches=bs, workload=wl,
+                  temperature=temp, k=k_v, dtype=dt, quantization=quant, kv_cache_dtype=kvd, vllm_version=version,
+                  notes=tuple(notes), context_given=max_model_len is not None, tp_given=tp is not None,
+                  max_num_seqs=seqs)

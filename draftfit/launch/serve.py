@@ -12,7 +12,6 @@ topk 1, num-draft-tokens = K + 1).
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -181,5 +180,3 @@ def _sglang_command(t_ref: str, d_ref: str, draft: ModelSpec, *, k: int, tp: int
     notes = ["SGLang chain drafting: topk 1 and num-draft-tokens = K + 1 (K proposals plus the verified token)"]
     return ServeCommand(engine="sglang", argv=argv, notes=notes)
 
-
-from draftfit.launch.script import launch_script  # re-export

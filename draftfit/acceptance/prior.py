@@ -250,7 +250,7 @@ def _iter_store_results():
         refs = []
     for r in refs:
         try:
-            out.append(store_mod.result_from_row(r, source=r.get("file", "")))
+            out.append(store_mod.result_from_row(r, source=r.get("file", ""), with_ci=False))
         except Exception:
             continue
     st = _store()

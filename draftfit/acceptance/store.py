@@ -535,13 +535,14 @@ def _keys(model) -> set[str]:
     return keys
 
 
-def result_from_row(r: dict, *, source: str = ""):
+def result_from_row(r: dict, *, source: str = "", with_ci: bool = True):
 
     res = result_from_counts(
         per_position_accepted=r["per_position_accepted"], num_drafts=r["num_drafts"],
         num_draft_tokens=r["num_draft_tokens"], num_accepted=r["num_accepted"], k=r["k"],
         temperature=r["temperature"], workload=r["workload"], backend=r["backend"], groups=r.get("groups") or [],
-        seed=r.get("seed") or 0, target=r["target"], draft=r["draft"], num_prompts=r.get("num_prompts") or 0,
+        seed=r.get("seed") or 0, with_ci=with_ci, target=r["target"], draft=r["draft"],
+        num_prompts=r.get("num_prompts") or 0,
         max_tokens=r.get("max_tokens") or 0, output_tokens=r.get("output_tokens") or 0,
         seconds=r.get("seconds") or 0.0, tokens_per_s=r.get("tokens_per_s") or 0.0, source=source)
     res.run_id = r.get("id")

@@ -10,9 +10,12 @@ range. A bad value is one DraftfitError naming the option, what is allowed and t
 from __future__ import annotations
 
 import math
+import os
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from draftfit.catalog.specs import GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from draftfit.catalog.specs import GpuSpec, ModelSpec, resolve_gpu, resolve_model, spec_from_folder
 from draftfit.errors import DraftfitError
 from draftfit.memory.plan import plan_memory
 from draftfit.rules import K_MAX, TP_CHOICES, WORKLOADS
@@ -86,13 +89,92 @@ def check_temperature(temperature) -> float:
     return v
 
 
-def check_k(k, option: str = "--k") -> int:
+def check_k(k, option: str = "--k", k_max: int = K_MAX) -> int:
     if isinstance(k, bool) or not isinstance(k, int):
-        raise DraftfitError(f"{option} {k!r} is not an integer", fix=f"pass {option} 1..{K_MAX}")
-    if not 1 <= k <= K_MAX:
-        raise DraftfitError(f"{option} {k} is outside 1..{K_MAX} (draftfit predicts and measures K up to {K_MAX})",
-                            fix=f"pass {option} between 1 and {K_MAX}")
+        raise DraftfitError(f"{option} {k!r} is not an integer", fix=f"pass {option} 1..{k_max}")
+    if not 1 <= k <= k_max:
+        raise DraftfitError(f"{option} {k} is outside 1..{k_max} (draftfit predicts and measures K up to {k_max})",
+                            fix=f"pass {option} between 1 and {k_max}")
     return k
+
+
+def check_int(value, option: str, lo: int, hi: int, *, fix: str | None = None) -> int:
+    """An integer option in lo..hi (bool is not an integer)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DraftfitError(f"{option} {value!r} is not an integer", fix=fix or f"pass {option} between {lo} and {hi}")
+    if not lo <= value <= hi:
+        raise DraftfitError(f"{option} {value} is outside {lo}..{hi}", fix=fix or f"pass {option} between {lo} and {hi}")
+    return value
+
+
+def check_float(value, option: str, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False,
+                fix: str | None = None) -> float:
+    """A finite number option in [lo, hi] (open ends where asked)."""
+    v = _finite(value, option)
+    ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    if not ok:
+        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        raise DraftfitError(f"{option} {value} is outside {rng}", fix=fix or f"pass {option} in {rng}")
+    return v
+
+
+def check_name(value, option: str, fix: str | None = None) -> str:
+    """A name option (model, GPU, draft): not empty or blank."""
+    if value is None or not str(value).strip():
+        raise DraftfitError(f"{option} is empty", fix=fix or f"pass {option} a name (see `draftfit catalog list`)")
+    return str(value).strip()
+
+
+def check_output_file(path, option: str) -> str:
+    """A file the command will write: not a folder, in a folder that exists."""
+    text = str(path)
+    if not text.strip() or "\0" in text:
+        raise DraftfitError(f"{option} {text!r} is not a file path", fix=f"pass {option} a file path")
+    if os.path.isdir(text):
+        raise DraftfitError(f"{option} {text} is a folder, not a file", fix=f"pass {option} a file path inside it")
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent):
+        raise DraftfitError(f"{option} {text}: folder {parent} does not exist",
+                            fix=f"create {parent} first, or pass {option} a path in an existing folder")
+    return text
+
+
+def check_model_folder(path, option: str, *, must_exist: bool = True) -> str:
+    """A model folder the command will point vLLM at: it exists (unless `must_exist` is False: a folder on
+    another machine), is a folder, and its config.json is sane."""
+    text = "" if path is None else str(path)
+    if not text.strip() or "\0" in text or "\n" in text:
+        raise DraftfitError(f"{option} {text!r} is not a path", fix=f"pass {option} the model folder")
+    folder = Path(text).expanduser()
+    if not folder.exists() and not folder.is_symlink() and not must_exist:
+        return text  # on the serving machine, not here: nothing to check
+    if not folder.exists():
+        raise DraftfitError(f"{option} {text} does not exist",
+                            fix=f"pass {option} a folder holding the model's config.json and weights")
+    if not folder.is_dir():
+        raise DraftfitError(f"{option} {text} is a file, not a model folder",
+                            fix=f"pass {option} the folder that holds config.json, not a file in it")
+    spec_from_folder(folder)
+    return text
+
+
+def parse_float_list(text: str, option: str, *, example: str = "0,0.7") -> tuple[float, ...]:
+    """'0, 0.7' -> (0.0, 0.7): finite numbers, no empty item."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(not p for p in parts):
+        raise DraftfitError(f"{option} {text!r} is not a comma-separated list of numbers", fix=f"e.g. {option} {example}")
+    out = []
+    for p in parts:
+        try:
+            v = float(p)
+        except ValueError:
+            raise DraftfitError(f"{option} {text!r} is not a comma-separated list of numbers",
+                                fix=f"e.g. {option} {example}") from None
+        if math.isnan(v) or math.isinf(v):
+            raise DraftfitError(f"{option} {text!r} holds a value that is not a finite number",
+                                fix=f"e.g. {option} {example}")
+        out.append(v)
+    return tuple(out)
 
 
 def check_batches(batches) -> tuple[int, ...]:
@@ -124,11 +206,14 @@ def check_choice(value: str, choices: tuple[str, ...], option: str) -> str:
     return value
 
 
+_VERSION_RE = re.compile(r"^v?\d+\.\d+(\.\d+)*([.+\-]?[A-Za-z0-9]+)*$")
+
+
 def check_vllm_version(version: str | None) -> str | None:
     if version is None:
         return None
     v = parse_version(version)
-    if len(v) < 2 or v[0] > 9:
+    if len(v) < 2 or v[0] > 9 or not _VERSION_RE.match(str(version).strip()):
         raise DraftfitError(f"--vllm-version {version!r} is not a vLLM version", fix="e.g. --vllm-version 0.26.0")
     return str(version)
 

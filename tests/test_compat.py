@@ -215,3 +215,57 @@ def test_tampered_tokenizer_is_refused(tok_dirs, tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(DraftfitError, match="sha256"):
         _verify(FIXTURES["qwen3"], tmp_path)
+
+
+def _tokenizer_only_folder(tok_dirs, family: str, where) -> str:
+    """A folder holding only a real tokenizer's files, as a user copies them: no config.json."""
+    folder = where / f"{family}-tokenizer-only"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (tok_dirs[family] / name).is_file():
+            shutil.copy(tok_dirs[family] / name, folder / name)
+    return str(folder)
+
+
+def test_check_works_on_tokenizer_only_folders(tok_dirs, tmp_path):
+    """Issue 14, deliverable 6: `check` on folders with tokenizer files and no config.json: embedding rows are
+    unknown (so is vLLM's vocab_size rule), the verdict on the mapping stands."""
+    from click.testing import CliRunner
+
+    from draftfit.cli import cli
+
+    qwen25 = _tokenizer_only_folder(tok_dirs, "qwen2.5", tmp_path)
+    qwen3 = _tokenizer_only_folder(tok_dirs, "qwen3", tmp_path)
+    res = CliRunner().invoke(cli, ["check", qwen25, qwen3, "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    # The same mapping verdict as the files with embedding rows attached (test_qwen25_vs_qwen3_share_the_base).
+    assert data["source"] == "tokenizer files" and data["verdict"] == "compatible"
+    assert data["differing_ids"] == 4
+    assert data["target_tokenizer"]["base_fingerprint"] == data["draft_tokenizer"]["base_fingerprint"]
+    assert data["target_rows"] == 0 and data["draft_rows"] == 0 and data["vllm_accepts"] is None
+    assert any("embedding rows unknown" in n for n in data["notes"])
+    # Identical files: identical, with or without config.json on the other side.
+    res = CliRunner().invoke(cli, ["check", "Qwen2.5-7B", qwen25, "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["verdict"] == "identical" and data["vllm_accepts"] is None and data["target_rows"] == 152064
+    # The table says the rows are unknown instead of printing 0.
+    res = CliRunner().invoke(cli, ["check", qwen25, qwen3])
+    assert res.exit_code == 0, res.output
+    assert "unknown (no config.json)" in res.stdout and "compatible" in res.stdout
+
+
+def test_tokenizer_only_folder_without_tokenizer_config(tok_dirs, tmp_path):
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    shutil.copy(tok_dirs["qwen3"] / "tokenizer.json", folder / "tokenizer.json")
+    from click.testing import CliRunner
+
+    from draftfit.cli import cli
+
+    res = CliRunner().invoke(cli, ["check", str(folder), _tokenizer_only_folder(tok_dirs, "qwen3", tmp_path),
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["differing_ids"] == 0 and data["verdict"] in ("identical", "compatible")

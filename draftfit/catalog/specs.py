@@ -193,6 +193,8 @@ _POSITIVE_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads
                         "num_local_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok",
                         "sliding_window")
 _REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# torch dtypes a checkpoint's config.json names (transformers writes these; "auto" is vLLM's own word)
+CONFIG_DTYPES = ("bfloat16", "float16", "float32", "float", "half")
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # real config.json files are a few kB; refuse to parse a weights file
 
 
@@ -202,6 +204,9 @@ def validate_config(config, where: str) -> dict:
     if not isinstance(config, dict):
         raise DraftfitError(f"{where} holds a JSON {type(config).__name__}, not an object",
                             fix="point at a Hugging Face model folder whose config.json is a JSON object")
+    if config.get("text_config") is not None and not isinstance(config["text_config"], dict):
+        raise DraftfitError(f"{where}: text_config is a JSON {type(config['text_config']).__name__}, not an object",
+                            fix="fix text_config in config.json (the text model's settings, as an object)")
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     missing = [k for k in _REQUIRED_FIELDS if cfg.get(k) is None]
     if missing:
@@ -227,6 +232,14 @@ def validate_config(config, where: str) -> dict:
     for key in ("torch_dtype", "dtype", "model_type"):
         if config.get(key) is not None and not isinstance(config[key], str):
             raise DraftfitError(f"{where}: {key} = {config[key]!r} is not a string", fix=f"fix {key} in config.json")
+    for key in ("torch_dtype", "dtype"):
+        for scope in (config, cfg):
+            v = scope.get(key)
+            if isinstance(v, str) and v.replace("torch.", "") not in CONFIG_DTYPES:
+                raise DraftfitError(f"{where}: {key} = {v!r} is not a model dtype",
+                                    fix=f"set {key} to one of {', '.join(CONFIG_DTYPES[:4])} in config.json")
+            if v is not None and not isinstance(v, str):
+                raise DraftfitError(f"{where}: {key} = {v!r} is not a string", fix=f"fix {key} in config.json")
     archs = config.get("architectures")
     if archs is not None and not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
         raise DraftfitError(f"{where}: architectures = {archs!r} is not a list of names",
@@ -317,6 +330,16 @@ def spec_from_folder(path: Path, hub_id: str = "") -> ModelSpec:
 
     return dataclasses.replace(entry, local_path=local, dtype=spec.dtype,
                                source=f"{local}/config.json (matches catalog entry {entry.name})")
+
+
+def spec_from_tokenizer_folder(path: Path) -> ModelSpec:
+    """A folder holding only tokenizer files (tokenizer.json, maybe tokenizer_config.json), no config.json: a
+    spec that `check` can compare tokenizers for. Shapes and embedding rows are unknown (0)."""
+    local = str(path.resolve())
+    return ModelSpec(name=path.resolve().name, hub_id="", architecture="unknown", hidden_size=0, num_layers=0,
+                     num_attention_heads=0, num_kv_heads=0, head_dim=0, intermediate_size=0, vocab_size=0,
+                     max_position_embeddings=0, tie_word_embeddings=False, params_b=0.0, tokenizer=f"local:{local}",
+                     local_path=local, source=f"{local}/tokenizer.json (no config.json)")
 
 
 def draft_candidates(target: ModelSpec) -> list[ModelSpec]:

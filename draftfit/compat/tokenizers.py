@@ -104,12 +104,95 @@ def _component_hash(component) -> str:
     return _short_hash(state.decode() if isinstance(state, bytes) else json.dumps(state, sort_keys=True))
 
 
+_TOK_FIX = "restore the model's tokenizer files (tokenizer.json, tokenizer_config.json) from its hub repo"
+
+
+def _regular_file(path: Path, *, required: bool) -> bool:
+    """Whether `path` is a regular file to read; DraftfitError when something else sits there (a folder, a
+    dangling symlink, a FIFO), or when it is `required` and absent."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise DraftfitError(f"{path} is a symlink to nothing", fix=_TOK_FIX) from None
+        if required:
+            raise DraftfitError(f"{path.parent} has no {path.name}",
+                                fix="put the model's tokenizer.json and tokenizer_config.json beside its config.json"
+                                ) from None
+        return False
+    except OSError as exc:
+        raise DraftfitError(f"cannot read {path}: {exc.strerror or exc}", fix=_TOK_FIX) from None
+    if not stat.S_ISREG(st.st_mode):
+        what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise DraftfitError(f"{path} is {what}, not a file", fix=_TOK_FIX)
+    return True
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise DraftfitError(f"cannot read {path}: {exc.strerror or exc}", fix=_TOK_FIX) from None
+    except UnicodeDecodeError:
+        raise DraftfitError(f"{path} is not UTF-8 text", fix=_TOK_FIX) from None
+
+
+def _read_json_object(path: Path) -> dict:
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
+        raise DraftfitError(f"{path} is not valid JSON ({detail})", fix=_TOK_FIX) from None
+    if not isinstance(data, dict):
+        raise DraftfitError(f"{path} holds a JSON {type(data).__name__}, not an object", fix=_TOK_FIX)
+    return data
+
+
+def _diagnose_tokenizer_json(path: Path, exc: Exception) -> DraftfitError:
+    """Why tokenizers could not load `path`: one line naming the file."""
+    data = _read_json_object(path)  # raises for unreadable, non-JSON and non-object files
+    model = data.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("type"), str):
+        return DraftfitError(f"{path} has no tokenizer model (a \"model\" object with a \"type\")", fix=_TOK_FIX)
+    detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    return DraftfitError(f"{path} is not a tokenizer the tokenizers library can load "
+                         f"(model type {model['type'][:40]!r}: {detail})", fix=_TOK_FIX)
+
+
+def _check_marker(cfg_file: Path, cfg: dict, key: str) -> None:
+    v = cfg.get(key)
+    if v is None or isinstance(v, str) or (isinstance(v, dict) and isinstance(v.get("content"), str)):
+        return
+    raise DraftfitError(f"{cfg_file}: {key} = {str(v)[:40]!r} is not a token (a string, or an object with "
+                        "\"content\")", fix=f"fix {key} in tokenizer_config.json, e.g. \"{key}\": \"<s>\"")
+
+
+def _check_template(where: Path, template) -> None:
+    if template is None or isinstance(template, str):
+        return
+    if isinstance(template, list) and all(isinstance(t, dict) and isinstance(t.get("template"), str)
+                                          for t in template):
+        return
+    raise DraftfitError(f"{where}: chat_template = {str(template)[:40]!r} is not a template (a string, or a list "
+                        "of {\"name\", \"template\"} objects)", fix="fix chat_template in tokenizer_config.json")
+
+
 def facts_from_folder(folder: Path | str, family: str = "") -> TokenizerFacts:
     folder = Path(folder)
     tok_file = folder / "tokenizer.json"
-    if not tok_file.exists():
-        raise DraftfitError(f"{folder} has no tokenizer.json",
-                            fix="put the model's tokenizer.json and tokenizer_config.json beside its config.json")
+    _regular_file(tok_file, required=True)
+    # The small side files are checked on every call (cheap); the tokenizer itself is parsed once and cached.
+    cfg_file, jinja = folder / "tokenizer_config.json", folder / "chat_template.jinja"
+    cfg = _read_json_object(cfg_file) if _regular_file(cfg_file, required=False) else {}
+    for key in ("bos_token", "eos_token", "pad_token"):
+        _check_marker(cfg_file, cfg, key)
+    _check_template(cfg_file, cfg.get("chat_template"))
+    if _regular_file(jinja, required=False):
+        _read_text(jinja)
     return _facts_cached(str(folder.resolve()), tok_file.stat().st_mtime_ns, family)
 
 
@@ -118,15 +201,18 @@ def _facts_cached(folder: str, _mtime_ns: int, family: str) -> TokenizerFacts:
 
     Tokenizer = require("tokenizers", extra="tokenizers").Tokenizer
     root = Path(folder)
-    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+    try:
+        tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+    except Exception as exc:  # the Rust library raises a bare Exception for any file it cannot load
+        raise _diagnose_tokenizer_json(root / "tokenizer.json", exc) from None
     base = tok.get_vocab(with_added_tokens=False)
     full = tok.get_vocab(with_added_tokens=True)
     added = {i: (t.content, bool(t.special)) for i, t in tok.get_added_tokens_decoder().items()}
     cfg_file = root / "tokenizer_config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    cfg = _read_json_object(cfg_file) if cfg_file.is_file() else {}
     template = cfg.get("chat_template")
-    if (root / "chat_template.jinja").exists():
-        template = (root / "chat_template.jinja").read_text()
+    if (root / "chat_template.jinja").is_file():
+        template = _read_text(root / "chat_template.jinja")
     if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
         template = json.dumps(template, sort_keys=True)
     id_to_token = {i: t for t, i in full.items()}
@@ -173,12 +259,17 @@ def facts_from_catalog(family: str) -> TokenizerFacts:
     )
 
 
+def _present(path: Path) -> bool:
+    """Something sits at `path` (a file, a folder, a dangling symlink)."""
+    return path.exists() or path.is_symlink()
+
+
 def tokenizer_facts(spec: ModelSpec, *, use_files: bool = True) -> TokenizerFacts:
     """Files of a local folder, else the fetched fixture of the spec's family, else catalog fingerprints."""
     if spec.tokenizer.startswith("local:"):
         return facts_from_folder(spec.tokenizer[len("local:"):])
-    if spec.local_path and (Path(spec.local_path) / "tokenizer.json").is_file():
-        # A folder matched to a catalog entry: its own files are what vLLM will load.
+    if spec.local_path and _present(Path(spec.local_path) / "tokenizer.json"):
+        # A folder matched to a catalog entry: its own files are what vLLM will load (a broken one is an error).
         return facts_from_folder(spec.local_path, spec.tokenizer)
     if use_files:
 
@@ -195,7 +286,7 @@ class CompatReport:
     target: str
     draft: str
     verdict: str  # identical | compatible | incompatible
-    vllm_accepts: bool
+    vllm_accepts: bool | None  # None: unknown (a side without config.json, so without embedding rows)
     notes: list[str]
     differing_ids: int  # ids whose token differs (or exists on one side only); -1 when not computed
     fix: str | None
@@ -371,6 +462,12 @@ def _finish(target: ModelSpec, draft: ModelSpec, t: TokenizerFacts, d: Tokenizer
         if draft.draft_for and target.name not in draft.draft_for:
             notes.append(f"this head was trained for {', '.join(draft.draft_for)}, not {target.name}: expect low "
                          "acceptance")
+    elif not target.vocab_size or not draft.vocab_size:
+        vllm_accepts = None  # a tokenizer-only folder: no config.json, so no embedding rows to compare
+        unknown = " and ".join(f"{role} {spec.name}" for role, spec in (("target", target), ("draft", draft))
+                               if not spec.vocab_size)
+        notes.append(f"embedding rows unknown for {unknown} (no config.json): vLLM (method draft_model) compares "
+                     "config vocab_size, so whether it starts the pair is not known; the tokenizer verdict stands")
     else:
         vllm_accepts = target.vocab_size == draft.vocab_size
         notes.append(f"vLLM (method draft_model) compares only config vocab_size: target {target.vocab_size}, "
@@ -389,7 +486,7 @@ def _finish(target: ModelSpec, draft: ModelSpec, t: TokenizerFacts, d: Tokenizer
             fix = (f"{pick}; `use_heterogeneous_vocab: true` in --speculative-config makes vLLM start it (draft_model "
                    "only, V1 runner) by restricting the draft to the tokens both vocabularies share; expect low "
                    "acceptance")
-    elif not vllm_accepts:
+    elif vllm_accepts is False:
         same = _same_tokenizer_drafts(target, _compatible_families(t))
         options = []
         if same:

@@ -48,6 +48,7 @@ _LABEL_AT = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s
 _ESCAPE = re.compile(r"\\(.)", re.S)
 _ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
 _POSITION = re.compile(r"[0-9]{1,9}")
+MAX_COUNTER = 1e18  # no server counts this many tokens (2**60); a larger value is not a real counter
 
 
 @dataclass
@@ -167,6 +168,8 @@ def counters_from_samples(samples: list[Sample], source: str | None = None) -> S
     """Sum the spec-decode series over engines and check them; DraftfitError on values no server can report."""
     c = SpecCounters()
     per_pos: dict[int, float] = {}
+    seen: set[str] = set()
+    by_engine: dict[str, dict[str, float]] = {}  # engine label -> counter base -> value, for per-engine checks
     v0_rates: list[float] = []
     v0_eff: list[float] = []
     for s in samples:
@@ -181,7 +184,13 @@ def counters_from_samples(samples: list[Sample], source: str | None = None) -> S
             raise _bad_metrics(f"{s.name} is {_clip(s.value)}, not a finite number", source)
         if s.value < 0:
             raise _bad_metrics(f"{s.name} is negative ({s.value:g})", source)
+        if s.value > MAX_COUNTER:
+            raise _bad_metrics(f"{s.name} is {s.value:g}, more than any server counts", source)
         c.found = True
+        seen.add(base)
+        if counter and base != ACCEPTED_PER_POS:
+            engine = by_engine.setdefault(s.labels.get("engine", ""), {})
+            engine[base] = engine.get(base, 0.0) + s.value
         if base == DRAFTS:
             c.num_drafts += s.value
         elif base == DRAFT_TOKENS:
@@ -212,6 +221,16 @@ def counters_from_samples(samples: list[Sample], source: str | None = None) -> S
     if v0_eff:
         c.v0_efficiency = sum(v0_eff) / len(v0_eff)
     _check_consistent(c, source)
+    if DRAFTS in seen:  # V0 engines export draft tokens without a drafts counter
+        for engine, v in sorted(by_engine.items()):
+            drafts, tokens = v.get(DRAFTS, 0.0), v.get(DRAFT_TOKENS, 0.0)
+            who = f"engine {_clip(engine)!r}: " if len(by_engine) > 1 else ""
+            if DRAFT_TOKENS in seen and drafts > tokens + _slack(tokens):
+                raise _bad_metrics(f"{who}{drafts:g} drafts but only {tokens:g} draft tokens (a draft proposes at "
+                                   "least one token)", source)
+            if tokens > drafts * MAX_POSITIONS + _slack(drafts):
+                raise _bad_metrics(f"{who}{tokens:g} draft tokens from {drafts:g} drafts (more than "
+                                   f"{MAX_POSITIONS} per draft)", source)
     return c
 
 

@@ -3,28 +3,67 @@ ingest the files a GPU campaign (bench/gpu_campaign.py) brought back."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
 
 from draftfit.errors import DraftfitError
 from draftfit.cli.render import json_option
 from draftfit.calibration import tables as cal
 from draftfit.cli.render import console, emit_json, table
+from draftfit.catalog.specs import resolve_model
+from draftfit.layout import (MAX_BATCH, check_float, check_int, check_name, check_output_file, check_tp,
+                             parse_float_list)
 
 
-def _ints(text: str, what: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if ".." in part:
-            lo, hi = part.split("..")
-            out += list(range(int(lo), int(hi) + 1))
-        else:
-            out.append(int(part))
-    if not out or min(out) < 1:
-        raise DraftfitError(f"bad {what} {text!r}", fix="e.g. 1..8 or 1,2,4 (all 1 or more)")
-    return out
+CALIBRATE_K_MAX = 16
+MAX_TOKENS = 131_072
+MAX_REPEATS = 1000
+MAX_BUDGET_S = 7 * 24 * 3600.0
+
+
+def _ints(text: str, option: str, hi: int, example: str) -> list[int]:
+    """'1..8' or '1,2,4' (or both, comma-separated) -> the integers, each in 1..hi; else one error."""
+    bad = DraftfitError(f"{option} {text!r} is not a list like {example}", fix=f"e.g. {option} {example} "
+                        f"(integers 1..{hi})")
+    out: list[int] = []
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(not p for p in parts):
+        raise bad
+    for part in parts:
+        try:
+            if ".." in part:
+                lo_s, hi_s = part.split("..")
+                lo, top = int(lo_s), int(hi_s)
+                if not 1 <= lo <= top <= hi:
+                    raise bad
+                out += list(range(lo, top + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise bad from None
+    if not out or min(out) < 1 or max(out) > hi:
+        raise bad
+    return sorted(set(out))
+
+
+def _check_lane_files(paths) -> None:
+    """Each --ingest file is a JSON object (a campaign lane file or one engine result)."""
+    for p in paths:
+        try:
+            data = json.loads(Path(p).read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+            detail = str(exc).splitlines()[0][:100] if str(exc) else type(exc).__name__
+            raise DraftfitError(f"--ingest {p} is not readable JSON ({detail})",
+                                fix="pass the <phase>_<lane>.json files bench/gpu_campaign.py brought back") from None
+        if not isinstance(data, dict):
+            raise DraftfitError(f"--ingest {p} holds a JSON {type(data).__name__}, not a campaign lane object",
+                                fix="pass the <phase>_<lane>.json files bench/gpu_campaign.py brought back")
+        if "configs" in data and not (isinstance(data["configs"], list)
+                                      and all(isinstance(c, dict) for c in data["configs"])):
+            raise DraftfitError(f"--ingest {p}: 'configs' is not a list of engine results",
+                                fix="pass the <phase>_<lane>.json files bench/gpu_campaign.py brought back")
 
 
 @click.command(name="calibrate")
@@ -78,8 +117,14 @@ def calibrate(target, draft, k_text, batch_text, tp, acc_text, max_tokens, repea
         emit_json({"configs": paths}) if as_json else [click.echo(p) for p in paths]
         return
     if ingest:
-        paths = cal.ingest_results(list(ingest), directory=None if not out else __import__("pathlib").Path(out).parent,
-                                   command=cal.cli_command())
+        _check_lane_files(ingest)
+        try:
+            paths = cal.ingest_results(list(ingest), directory=None if not out else __import__("pathlib").Path(out).parent,
+                                       command=cal.cli_command())
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise DraftfitError(f"--ingest {', '.join(map(str, ingest))}: a field is missing or has the wrong type "
+                                f"({type(exc).__name__}: {str(exc)[:80]})",
+                                fix="pass the unmodified lane files bench/gpu_campaign.py brought back") from None
         tables = [cal.load_table(p) for p in paths]
         if as_json:
             emit_json({"tables": [str(p) for p in paths], "summary": [_summary(t) for t in tables]})
@@ -91,10 +136,22 @@ def calibrate(target, draft, k_text, batch_text, tp, acc_text, max_tokens, repea
     if not (target and draft):
         raise DraftfitError("calibrate needs TARGET and DRAFT (or --ingest FILES)",
                             fix="e.g. draftfit calibrate Llama-3.1-8B Llama-3.2-1B")
-    acc = [float(a) for a in acc_text.split(",") if a.strip()]
-    if not acc or not all(0 < a <= 1 for a in acc):
-        raise DraftfitError(f"bad --acceptance {acc_text!r}", fix="rates in (0, 1], e.g. 0.6,0.8")
-    run = cal.run_calibration(target, draft, ks=_ints(k_text, "K values"), batches=_ints(batch_text, "batch sizes"),
+    # Every option is checked here, before vLLM is imported or a worker starts.
+    acc = list(parse_float_list(acc_text, "--acceptance", example="0.6,0.8"))
+    for a in acc:
+        check_float(a, "--acceptance", 0, 1, lo_open=True, fix="rates in (0, 1], e.g. --acceptance 0.6,0.8")
+    ks = _ints(k_text, "--k", CALIBRATE_K_MAX, "1..8")
+    batches = _ints(batch_text, "--batch", MAX_BATCH, "1,8,32,128")
+    check_int(max_tokens, "--max-tokens", 2, MAX_TOKENS, fix="e.g. --max-tokens 96")
+    check_int(repeats, "--repeats", 1, MAX_REPEATS, fix="e.g. --repeats 3")
+    check_float(budget_s, "--budget-s", 0, MAX_BUDGET_S, lo_open=True, fix="seconds, e.g. --budget-s 3600")
+    t_spec, d_spec = resolve_model(check_name(target, "TARGET")), resolve_model(check_name(draft, "DRAFT"))
+    check_tp(t_spec, tp)
+    if not d_spec.is_eagle:
+        check_tp(d_spec, tp)
+    if out:
+        check_output_file(out, "--out")
+    run = cal.run_calibration(target, draft, ks=ks, batches=batches,
                               tp=tp, acceptance=acc, out=out, budget_s=budget_s, max_tokens=max_tokens,
                               repeats=repeats, command=cal.cli_command())
     if as_json:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import click
 
 from draftfit.cli.render import json_option
-from draftfit.catalog.specs import resolve_model
+from pathlib import Path
+
+from draftfit.catalog.specs import resolve_model, spec_from_tokenizer_folder
+from draftfit.errors import DraftfitError
+from draftfit.layout import check_name
 from draftfit.cli.render import console, emit_json, table
 from draftfit.compat.tokenizers import check_pair
 
@@ -29,8 +33,9 @@ def _fact_rows(report, target, draft) -> list[list]:
         ["model", target.name, draft.name],
         ["hub id / folder", target.local_path or target.hub_id, draft.local_path or draft.hub_id],
         ["method", target.method, draft.method],
-        ["params (B)", target.params_b, draft.params_b],
-        ["embedding rows (config vocab_size)", target.vocab_size, draft.vocab_size],
+        ["params (B)", target.params_b or "?", draft.params_b or "?"],
+        ["embedding rows (config vocab_size)", target.vocab_size or "unknown (no config.json)",
+         draft.vocab_size or "unknown (no config.json)"],
         ["tokenizer family", target.tokenizer if not target.tokenizer.startswith("local:") else "local files",
          draft.tokenizer if not draft.tokenizer.startswith("local:") else "local files"],
         ["tokenizer read from", tok(t, "where"), tok(d, "where")],
@@ -47,6 +52,24 @@ def _fact_rows(report, target, draft) -> list[list]:
     ]
 
 
+def _present(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _resolve(name: str, catalog_only: bool):
+    """A catalog name, hub id or model folder; a folder with tokenizer files but no config.json is checked on
+    its tokenizer alone (embedding rows unknown). A folder's own tokenizer files are what `check` compares."""
+    folder = Path(name).expanduser()
+    if folder.is_dir() and not _present(folder / "config.json") and _present(folder / "tokenizer.json"):
+        return spec_from_tokenizer_folder(folder)
+    spec = resolve_model(name)
+    if spec.local_path and not catalog_only and not _present(Path(spec.local_path) / "tokenizer.json"):
+        raise DraftfitError(f"{spec.local_path} has no tokenizer.json, so its tokenizer cannot be checked",
+                            fix="put the model's tokenizer.json (and tokenizer_config.json) in the folder, or pass "
+                                "--catalog-only to compare catalog fingerprints")
+    return spec
+
+
 @click.command(name="check")
 @click.argument("target")
 @click.argument("draft")
@@ -55,8 +78,8 @@ def _fact_rows(report, target, draft) -> list[list]:
 def check(target: str, draft: str, catalog_only: bool, as_json: bool):
     """Tokenizer/vocab compatibility of TARGET and DRAFT (catalog names, hub ids or local folders)."""
 
-    target_spec = resolve_model(target)
-    draft_spec = resolve_model(draft)
+    target_spec = _resolve(check_name(target, "TARGET"), catalog_only)
+    draft_spec = _resolve(check_name(draft, "DRAFT"), catalog_only)
     report = check_pair(target_spec, draft_spec, use_files=not catalog_only)
     if as_json:
         emit_json(report)
@@ -71,7 +94,8 @@ def check(target: str, draft: str, catalog_only: bool, as_json: bool):
     style = VERDICT_STYLE.get(report.verdict, "bold")
     diff = f", {report.differing_ids} differing ids" if report.differing_ids >= 0 else ""
     out.print(f"tokenizers: [{style}]{report.verdict}[/]{diff} (from {report.source})")
-    vllm = "[green]starts the pair[/]" if report.vllm_accepts else "[red]refuses the pair[/]"
+    vllm = ("[yellow]unknown[/] (no config.json, so no embedding rows to compare)" if report.vllm_accepts is None
+            else "[green]starts the pair[/]" if report.vllm_accepts else "[red]refuses the pair[/]")
     out.print(f"vLLM: {vllm}")
     if report.warning:
         out.print(f"[bold red]WARNING: {report.warning}[/]")

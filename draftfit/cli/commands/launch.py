@@ -6,9 +6,9 @@ import click
 
 from draftfit.cli.render import emit_json, json_option
 from draftfit.errors import DraftfitError
-from draftfit.layout import build_layout
+from draftfit.layout import build_layout, check_model_folder, check_output_file
 from draftfit.pipeline import command_for, evaluate_pair
-from draftfit.launch.serve import launch_script as render_script, serve_command
+from draftfit.launch.script import launch_script as render_script
 
 
 def _common(f):
@@ -43,14 +43,14 @@ def _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util,
            kv_cache_dtype="auto"):
     """One evaluation of the pair on the user's layout, then its command. A pair vLLM refuses or that does
     not fit exits 1 with the reason and the fix (pipeline.command_for), unless --force."""
+    for path, role in ((target_path, "--target-path"), (draft_path, "--draft-path")):
+        if path is not None:
+            # The folder may be on the serving machine, not here: check it only where it exists here.
+            check_model_folder(path, role, must_exist=False)
     layout = build_layout(target, gpu=gpu, tp=tp, util=util, max_model_len=max_model_len, k=k, workload=workload,
                           dtype=dtype or "auto", vllm_version=vllm_version, need_gpu=False, fit_context=False,
                           quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     ev = evaluate_pair(layout, draft)
-    for path, role in ((target_path, "--target-path"), (draft_path, "--draft-path")):
-        # The folder is on the serving machine, not necessarily here: only reject what no path can be.
-        if path is not None and (not path.strip() or "\0" in path or "\n" in path):
-            raise DraftfitError(f"{role} {path!r} is not a path", fix=f"pass {role} the model folder on the server")
     cmd = command_for(ev, force=force, engine=engine, k=k, max_model_len=max_model_len, util=util, dtype=dtype,
                       target_path=target_path, draft_path=draft_path,
                       enforce_eager=enforce_eager and engine == "vllm", launcher=launcher)
@@ -111,7 +111,11 @@ def launch_script(target, draft, k, tp, gpu, vllm_version, engine, max_model_len
     import os
     import stat
 
-
+    if output != "-":
+        check_output_file(output, "--output")
+    if not log.strip() or os.path.isdir(log):
+        raise DraftfitError(f"--log {log!r} is not a file path" + (" (it is a folder)" if log.strip() else ""),
+                            fix="pass --log a file, e.g. --log draftfit-server.log")
     cmd, k, tp = _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util, dtype, workload,
                     target_path, draft_path, enforce_eager, launcher=launcher or "auto", force=force,
                     quantization=quantization, kv_cache_dtype=kv_cache_dtype)
@@ -123,8 +127,12 @@ def launch_script(target, draft, k, tp, gpu, vllm_version, engine, max_model_len
     if output == "-":
         click.echo(text)
         return
-    with open(output, "w") as f:
-        f.write(text)
+    try:
+        with open(output, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise DraftfitError(f"cannot write --output {output}: {exc.strerror or exc}",
+                            fix="pass --output a writable file path, or - for stdout") from None
     os.chmod(output, os.stat(output).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     click.echo(f"wrote {output}: preflight, start ({cmd.engine}), /health wait, warm-up, acceptance readout")
     for n in cmd.notes:

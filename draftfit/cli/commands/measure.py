@@ -19,7 +19,13 @@ from draftfit.acceptance.measure.vllm import MeasureRequest, run_vllm
 from draftfit.acceptance.store import MeasurementStore, RunRecord, now_iso
 from draftfit.assets import models as fx
 from draftfit.assets.models import weights_fingerprint
-from draftfit.catalog.specs import resolve_model
+from draftfit.catalog.specs import resolve_model, spec_from_folder
+from draftfit.layout import check_int, check_k, check_temperature, parse_float_list
+
+MEASURE_K_MAX = 16
+MAX_PROMPTS = 10_000
+MAX_TOKENS = 131_072
+MAX_SEED = 2**32 - 1
 from draftfit.cli.render import console, emit_json, table
 from draftfit.locks import heavy_lock
 
@@ -37,12 +43,15 @@ def resolve_local(name: str) -> LocalModel:
 
     path = Path(name).expanduser()
     if path.is_dir():
-        if not (path / "config.json").exists():
-            raise DraftfitError(f"{path} has no config.json", fix="point at a Hugging Face model folder")
+        spec_from_folder(path)  # config.json checked here, before any engine starts
         manifest = path.parent / "manifest.json"
-        if manifest.exists():  # a converted fixture: keep its catalog name as the key
-            data = json.loads(manifest.read_text())
-            return LocalModel(data["name"], path.resolve(), data.get("hub_id", ""))
+        if manifest.is_file():  # a converted fixture: keep its catalog name as the key
+            try:
+                data = json.loads(manifest.read_text())
+                return LocalModel(str(data["name"]), path.resolve(), str(data.get("hub_id", "")))
+            except (OSError, ValueError, KeyError, TypeError):
+                raise DraftfitError(f"{manifest} is not a fixture manifest",
+                                    fix="re-run `make models`, or remove the stray manifest.json") from None
         return LocalModel(path.resolve().name, path.resolve())
     hit = fx.local_model_path(name)
     if hit is not None:
@@ -69,10 +78,14 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
 
     if workload not in WORKLOADS:
         raise DraftfitError(f"unknown workload {workload!r}", fix=f"use one of {', '.join(WORKLOADS)}")
-    if not 1 <= k <= 16:
-        raise DraftfitError(f"--k {k} is outside 1..16", fix="use a K between 1 and 16 (8 is a good K_max)")
-    if any(t < 0 for t in temperatures):
-        raise DraftfitError("temperatures must be >= 0", fix="e.g. --temperature 0,0.7")
+    check_k(k, "--k", MEASURE_K_MAX)
+    for t in temperatures:
+        check_temperature(t)
+    check_int(num_prompts, "--prompts", 1, MAX_PROMPTS, fix="e.g. --prompts 6")
+    check_int(max_tokens, "--max-tokens", 2, MAX_TOKENS, fix="e.g. --max-tokens 48")
+    check_int(seed, "--seed", 0, MAX_SEED, fix="e.g. --seed 0")
+    if backend not in ("vllm", "hf"):
+        raise DraftfitError(f"unknown backend {backend!r}", fix="use --backend vllm or --backend hf")
     t_model, d_model = resolve_local(target), resolve_local(draft)
     started = now_iso()
     base = dict(backend=backend, target=t_model.name, draft=d_model.name, workload=workload, k=k, seed=seed,
@@ -152,12 +165,9 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
 
 
 def _parse_temperatures(value: str) -> list[float]:
-    try:
-        temps = [float(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise DraftfitError(f"--temperature {value!r} is not a list of numbers", fix="e.g. --temperature 0,0.7") from None
-    if not temps:
-        raise DraftfitError("--temperature is empty", fix="e.g. --temperature 0")
+    temps = list(parse_float_list(value, "--temperature", example="0,0.7"))
+    for t in temps:
+        check_temperature(t)
     return temps
 
 
@@ -177,10 +187,13 @@ def _parse_temperatures(value: str) -> list[float]:
 def measure(target, draft, workload, temperature, k, num_prompts, max_tokens, backend, seed, store_path, as_json):
     """Measure acceptance of DRAFT for TARGET (local folders, or the Qwen2.5-Coder pair after `make models`)."""
 
-    if num_prompts < 1 or max_tokens < 2:
-        raise DraftfitError("--prompts must be >= 1 and --max-tokens >= 2", fix="e.g. --prompts 6 --max-tokens 48")
+    temperatures = _parse_temperatures(temperature)
+    check_k(k, "--k", MEASURE_K_MAX)
+    check_int(num_prompts, "--prompts", 1, MAX_PROMPTS, fix="e.g. --prompts 6")
+    check_int(max_tokens, "--max-tokens", 2, MAX_TOKENS, fix="e.g. --max-tokens 48")
+    check_int(seed, "--seed", 0, MAX_SEED, fix="e.g. --seed 0")
     t0 = time.monotonic()
-    results = run_measurement(target, draft, workload=workload, temperatures=_parse_temperatures(temperature),
+    results = run_measurement(target, draft, workload=workload, temperatures=temperatures,
                               k=k, num_prompts=num_prompts, max_tokens=max_tokens, backend=backend, seed=seed,
                               store_path=store_path, progress=not as_json)
     if as_json:

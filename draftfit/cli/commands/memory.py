@@ -7,7 +7,12 @@ import click
 from draftfit.cli.render import json_option
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.cli.render import console, emit_json, table
+from draftfit.layout import (DTYPES, MAX_BATCH, check_context, check_float, check_int, check_k, check_name,
+                             check_choice, check_tp, check_util)
 from draftfit.memory.plan import plan_memory, plan_memory_cpu
+
+MAX_BATCHED_TOKENS = 2**24  # far above any chunked-prefill budget vLLM is run with
+MAX_CPU_KVCACHE_GIB = 4096.0
 
 
 @click.command(name="memory")
@@ -38,8 +43,30 @@ def memory(target, draft, gpus, tp, util, max_model_len, dtype, kv_cache_dtype, 
       draftfit memory Llama-3.1-70B --draft Llama-3.2-1B --gpu H100-80GB --tp 2
     """
 
+    target = check_name(target, "TARGET", fix="pass a catalog name, hub id or model folder")
+    util = check_util(util)
+    check_choice(dtype, DTYPES, "--dtype")
+    if max_num_seqs is not None:
+        check_int(max_num_seqs, "--max-num-seqs", 1, MAX_BATCH, fix="e.g. --max-num-seqs 256")
+    if max_num_batched_tokens is not None:
+        check_int(max_num_batched_tokens, "--max-num-batched-tokens", 1, MAX_BATCHED_TOKENS,
+                  fix="e.g. --max-num-batched-tokens 8192")
+    check_k(num_speculative_tokens, "--num-speculative-tokens")
+    check_float(kvcache_space, "--kvcache-space", 0, MAX_CPU_KVCACHE_GIB, lo_open=True,
+                fix="pass --kvcache-space in GiB, e.g. 4")
+    for g in gpus:
+        check_name(g, "--gpu", fix="pass --gpu a catalog GPU, e.g. H100-80GB, or cpu")
+    if draft is not None:
+        draft = check_name(draft, "--draft", fix="pass --draft a catalog name, hub id or model folder, or leave it out")
     t = resolve_model(target)
     d = resolve_model(draft) if draft else None
+    for g in gpus:
+        if g.lower() != "cpu":
+            resolve_gpu(g)
+    if any(g.lower() != "cpu" for g in gpus):
+        check_tp(t, tp)
+    if max_model_len is not None:
+        check_context(t, max_model_len)
     plans = []
     for g in gpus:
         if g.lower() == "cpu":

@@ -8,6 +8,9 @@ from draftfit.cli.render import json_option
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.cli.render import console, emit_json, to_jsonable
 from draftfit.errors import DraftfitError
+from draftfit.layout import check_batches, check_float, check_int, check_tp
+
+MAX_INTERVAL_S = 86400.0  # a day between readings; longer is no monitoring
 from draftfit.launch.monitor import DEFAULT_TIMEOUT_S, V0_RATE, read_once, watch
 
 
@@ -49,11 +52,11 @@ def _print(r, con) -> None:
 
 @click.command(name="monitor")
 @click.argument("url")
-@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+@click.option("--interval", type=float, default=10.0, show_default=True,
               help="Seconds between readings (deltas).")
 @click.option("--once", is_flag=True, help="One cumulative reading since server start, then exit.")
 @click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after N interval readings.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
+@click.option("--timeout", "timeout_s", type=float, default=DEFAULT_TIMEOUT_S,
               show_default=True, help="Seconds one scrape of /metrics may take in all (connect, headers, body).")
 @click.option("--cost-ratio", type=float, default=None,
               help="Draft step cost / target decode step cost used to advise K (default 0.1).")
@@ -66,13 +69,22 @@ def _print(r, con) -> None:
 def monitor(url, interval, once, count, timeout_s, cost_ratio, target, draft, gpu, tp, batch, as_json):
     """Read URL/metrics (a vLLM server): acceptance rate, mean acceptance length, per position, and K advice."""
 
+    interval = check_float(interval, "--interval", 0, MAX_INTERVAL_S, lo_open=True, fix="seconds, e.g. --interval 10")
+    timeout_s = check_float(timeout_s, "--timeout", 0, MAX_INTERVAL_S, lo_open=True, fix="seconds, e.g. --timeout 10")
+    if cost_ratio is not None:
+        cost_ratio = check_float(cost_ratio, "--cost-ratio", 0, 1e6,
+                                 fix="the draft/target step cost ratio, e.g. --cost-ratio 0.1")
+    check_batches((batch,))
     layout = None
     if target or draft or gpu:
         if not (target and draft and gpu):
             raise DraftfitError("--target, --draft and --gpu go together", fix="pass all three, or none")
 
-        layout = {"target": resolve_model(target), "draft": resolve_model(draft), "gpu": resolve_gpu(gpu), "tp": tp,
-                  "batch": batch}
+        t_spec = resolve_model(target)
+        layout = {"target": t_spec, "draft": resolve_model(draft), "gpu": resolve_gpu(gpu),
+                  "tp": check_tp(t_spec, tp), "batch": batch}
+    else:
+        check_int(tp, "--tp", 1, 64, fix="pass --tp 1, 2, 4 or 8")
     con = console()
     if once:
         r = read_once(url, cost_ratio=cost_ratio, layout=layout, timeout_s=timeout_s)

@@ -6,7 +6,9 @@ import click
 
 from draftfit.cli.render import json_option
 from draftfit.cli.render import console, emit_json, table
-from draftfit.launch.preflight import preflight as run
+from draftfit.launch.preflight import FAIL, preflight as run
+from draftfit.layout import (MIN_CONTEXT, check_batches, check_int, check_k, check_name, check_temperature,
+                             check_util, check_vllm_version)
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "red"}
 
@@ -28,11 +30,31 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "red"}
 def preflight(ctx, target, draft, gpu, tp, k, max_model_len, util, batch, workload, temperature, vllm_version, as_json):
     """All checks for TARGET + DRAFT on a layout, each with a fix; exit code 0/1/2 for CI."""
 
+    # Bad option values are one `error:` line (exit 2) like every command; the checks below judge the layout.
+    target = check_name(target, "TARGET", fix="pass a catalog name, hub id or model folder")
+    draft = check_name(draft, "DRAFT", fix="pass a catalog name, hub id or model folder")
+    if gpu is not None:
+        gpu = check_name(gpu, "--gpu", fix="pass --gpu a catalog GPU, e.g. H200, or leave it out")
+    check_int(tp, "--tp", 1, 64, fix="pass --tp 1, 2, 4 or 8")
+    check_k(k)
+    if max_model_len is not None:
+        check_int(max_model_len, "--max-model-len", MIN_CONTEXT, 10**7, fix="e.g. --max-model-len 8192")
+    util = check_util(util)
+    check_batches((batch,))
+    temperature = check_temperature(temperature)
+    check_vllm_version(vllm_version)
+
     rep = run(target, draft, gpu_name=gpu, tp=tp, k=k, max_model_len=max_model_len, util=util, batch=batch,
               workload=workload, temperature=temperature, vllm_version=vllm_version)
+    failed = [c for c in rep.checks if c.status == FAIL]
+    error = fix = None
+    if rep.exit_code == 2 and failed:
+        first = failed[0]
+        more = f" (and {len(failed) - 1} more failed check{'s' if len(failed) > 2 else ''})" if len(failed) > 1 else ""
+        error = f"preflight failed: {first.name}: {first.detail}{more}"
+        fix = first.fix or "see the checks above"
     if as_json:
-
-        emit_json(rep.to_json())
+        emit_json({**rep.to_json(), **({"error": error, "fix": fix} if error else {})})
     else:
 
         con = console()
@@ -43,4 +65,7 @@ def preflight(ctx, target, draft, gpu, tp, k, max_model_len, util, batch, worklo
         title = f"preflight: {target} + {draft}, TP={tp}, K={k}" + (f", {gpu}" if gpu else "")
         con.print(table(title, ["status", "check", "detail", "fix"], rows))
         con.print(f"{rep.summary} -> exit {rep.exit_code}", highlight=False)
+    if error and not as_json:  # the table is on stdout; the verdict is one line on stderr (JSON: in the object)
+        line = " ".join(f"{error} — {fix}".split())
+        click.echo(f"error: {line}", err=True)
     ctx.exit(rep.exit_code)

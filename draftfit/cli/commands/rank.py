@@ -9,7 +9,7 @@ from draftfit.cli.render import json_option
 from draftfit.catalog.specs import _normalize
 from draftfit.cli.render import console, emit_json, table
 from draftfit.cli.render import fmt_num, fmt_tokens
-from draftfit.layout import parse_int_list
+from draftfit.layout import check_int, check_name, parse_int_list
 from draftfit.rank import rank as run_rank
 
 
@@ -33,7 +33,17 @@ def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util
          quantization, kv_cache_dtype, as_json):
     """Rank catalog drafts for TARGET: tokenizer, memory, acceptance, best K, speedup, serve command."""
 
+    target = check_name(target, "--target", fix="pass --target a catalog name, hub id or model folder")
+    if gpu is not None:
+        gpu = check_name(gpu, "--gpu", fix="pass --gpu a catalog GPU, e.g. H100-80GB (see `draftfit catalog list --gpus`)")
+    if explain is not None:
+        explain = check_name(explain, "--explain", fix="pass --explain one draft name from the ranking")
+    if top is not None:
+        check_int(top, "--top", 1, 10**6, fix="pass --top 1 or more")
     extra = tuple(c.strip() for c in candidates.split(",") if c.strip())
+    if candidates.strip() and not extra:
+        raise DraftfitError(f"--candidates {candidates!r} names no model",
+                            fix="pass --candidates as comma-separated folders or hub ids, e.g. --candidates ./my-draft")
     result = run_rank(target, gpu_name=gpu, tp=tp, workload=workload, temperature=temperature,
                       batches=parse_int_list(batch, "--batch"), util=util, max_model_len=max_model_len,
                       extra_candidates=extra, top=None if explain else top, vllm_version=vllm_version,

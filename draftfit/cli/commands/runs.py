@@ -9,6 +9,7 @@ import json
 import click
 
 from draftfit.errors import DraftfitError
+from draftfit.layout import check_int, check_output_file
 from draftfit.cli.render import json_option
 from draftfit.acceptance.store import MeasurementStore, result_from_row
 from draftfit.cli.render import console, emit_json, table
@@ -62,6 +63,7 @@ def list_runs(store_path, as_json):
 def show(run_id, store_path, as_json):
     """Everything stored about one run, with its acceptance curve."""
 
+    check_int(run_id, "RUN_ID", 1, 2**63 - 1, fix="pass a run id from `draftfit runs list`")
     with _open(store_path) as store:
         row = store.get(run_id)
     if row is None:
@@ -92,6 +94,8 @@ def show(run_id, store_path, as_json):
 @_store_option
 def export(fmt, output, store_path):
     """All runs as CSV (one row per run, per-position counts joined by ';') or JSON."""
+    if output:
+        check_output_file(output, "--output")
     with _open(store_path) as store:
         rows = store.runs()
     if fmt == "json":
@@ -105,7 +109,11 @@ def export(fmt, output, store_path):
                         for c in CSV_COLUMNS])
         text = buf.getvalue()
     if output:
-        with open(output, "w") as f:
-            f.write(text)
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as exc:
+            raise DraftfitError(f"cannot write --output {output}: {exc.strerror or exc}",
+                                fix="pass --output a writable file path") from None
     else:
         click.echo(text, nl=False)

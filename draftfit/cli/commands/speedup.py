@@ -11,25 +11,11 @@ from draftfit.cli.render import console, emit_json, table
 from draftfit.speedup.predict import predict_speedup, simple_speedup
 from draftfit.acceptance.store import MeasurementStore
 from draftfit.speedup.correction import load_default
-from draftfit.catalog.specs import resolve_model
+from draftfit.catalog.specs import resolve_gpu, resolve_model
+from draftfit.layout import check_batches, check_float, check_int, check_k, check_tp, parse_float_list, parse_int_list
+
+CLOSED_FORM_K_MAX = 16
 from draftfit.pipeline import vllm_verdict
-
-
-def _floats(text: str, what: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise DraftfitError(f"cannot read {what} {text!r}", fix="give comma-separated numbers, e.g. 0.8,0.62,0.5")
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise DraftfitError(f"cannot read {what} {text!r}", fix="give comma-separated integers, e.g. 1,8,32")
-    if not out:
-        raise DraftfitError(f"no {what} given", fix="give comma-separated integers, e.g. 1,8,32")
-    return out
 
 
 def _acceptance_from_run(run_id: int):
@@ -72,6 +58,15 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
       draftfit speedup --target Llama-3.1-70B --draft Llama-3.2-1B --gpu H200 --tp 2 --alpha 0.7 --batch 1,32
     """
 
+    if alpha is not None:
+        alpha = check_float(alpha, "--alpha", 0, 1, fix="pass --alpha the per-token acceptance rate, 0..1")
+    if c is not None:
+        c = check_float(c, "--c", 0, 1e6, fix="pass --c the draft/target step cost ratio, e.g. 0.1")
+    if run_id is not None:
+        check_int(run_id, "--run", 1, 2**63 - 1, fix="pass a run id from `draftfit runs list`")
+    if curve_text is not None:
+        for a in parse_float_list(curve_text, "--acceptance-curve", example="0.8,0.62,0.5"):
+            check_float(a, "--acceptance-curve", 0, 1, fix="each value is a probability 0..1, e.g. 0.8,0.62,0.5")
     given = [x is not None for x in (alpha, curve_text, run_id)]
     if sum(given) > 1:
         raise DraftfitError("give only one of --alpha, --acceptance-curve, --run", fix="pick one acceptance source")
@@ -79,7 +74,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
     if alpha is not None:
         acceptance, acc_source = alpha, "given --alpha"
     elif curve_text:
-        curve = _floats(curve_text, "acceptance curve")
+        curve = list(parse_float_list(curve_text, "--acceptance-curve", example="0.8,0.62,0.5"))
         acceptance, acc_source = curve, "given --acceptance-curve"
     elif run_id is not None:
         res, curve, a = _acceptance_from_run(run_id)
@@ -96,11 +91,16 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
                                 fix="drop --c")
 
         t_spec, d_spec = resolve_model(target), resolve_model(draft)
+        resolve_gpu(gpu)
+        check_tp(t_spec, tp)
+        batches = list(check_batches(parse_int_list(batch_text, "--batch")))
+        ks = [check_k(k) for k in parse_int_list(k_text, "--k")] if k_text is not None else list(range(1, 9))
+        check_int(context_len, "--context-len", 1, t_spec.max_position_embeddings or 10**7,
+                  fix=f"pass --context-len up to {t_spec.name}'s {t_spec.max_position_embeddings or 10**7} positions")
         runs, why, fix = vllm_verdict(t_spec, d_spec, tp)
         if not runs:
             raise DraftfitError(f"{d_spec.name} cannot draft for {t_spec.name}: {why}", fix=fix, exit_code=1)
-        ks = _ints(k_text, "K values") if k_text else list(range(1, 9))
-        pred = predict_speedup(target, draft, gpu, tp=tp, acceptance=acceptance, batches=_ints(batch_text, "batch sizes"),
+        pred = predict_speedup(target, draft, gpu, tp=tp, acceptance=acceptance, batches=batches,
                                k_values=ks, context_len=context_len,
                                correction=load_default() if learned_correction else None)
         pred.acceptance_source = acc_source
@@ -118,7 +118,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         raise DraftfitError("closed-form mode needs --k and --c", fix="e.g. --alpha 0.8 --k 4 --c 0.05, "
                             "or give --target/--draft/--gpu for a prediction")
 
-    k = _ints(k_text, "K")
+    k = [check_k(x, "--k", CLOSED_FORM_K_MAX) for x in parse_int_list(k_text, "--k")]
     if len(k) != 1:
         raise DraftfitError("closed-form mode takes one K", fix="e.g. --k 4")
     if plot_path:

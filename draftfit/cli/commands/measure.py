@@ -15,7 +15,8 @@ from draftfit.cli.render import json_option
 from draftfit.acceptance.curve import result_from_counts
 from draftfit.acceptance.measure.hf import estimate_hf
 from draftfit.acceptance.measure.prompts import WORKLOADS, prompt_set_hash
-from draftfit.acceptance.measure.vllm import MeasureRequest, run_vllm
+from draftfit.acceptance.measure import vllm as vllm_backend  # the module is the seam tests patch
+from draftfit.acceptance.measure.vllm import MeasureRequest
 from draftfit.acceptance.store import MeasurementStore, RunRecord, now_iso
 from draftfit.assets import models as fx
 from draftfit.assets.models import weights_fingerprint
@@ -27,7 +28,7 @@ MAX_PROMPTS = 10_000
 MAX_TOKENS = 131_072
 MAX_SEED = 2**32 - 1
 from draftfit.cli.render import console, emit_json, table
-from draftfit.locks import heavy_lock
+from draftfit import locks
 
 
 @dataclass
@@ -104,13 +105,13 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
             req = MeasureRequest(target=str(t_model.path), draft=str(d_model.path), workload=workload,
                                  temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
                                  seed=seed, group_size=group_size)
-            with heavy_lock():
+            with locks.heavy_lock():
                 wall_t0 = time.monotonic()
-                raw = run_vllm(req, progress=progress)
+                raw = vllm_backend.run_vllm(req, progress=progress)
             versions = {"vllm_version": raw["vllm_version"], "transformers_version": tf_version}
         elif backend == "hf":
 
-            with heavy_lock():
+            with locks.heavy_lock():
                 wall_t0 = time.monotonic()
                 raw = estimate_hf(str(t_model.path), str(d_model.path), workload=workload,
                                   temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,

@@ -23,7 +23,9 @@ import time
 from dataclasses import dataclass, field
 
 from draftfit.errors import DraftfitError
-from draftfit.speedup.predict import analytic_speedup, predict_speedup
+from draftfit.pipeline import evaluate_pair
+from draftfit.rules import best_k
+from draftfit.speedup.predict import analytic_speedup
 
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -283,8 +285,9 @@ def advise_k(per_position: list[float], *, cost_ratio: float | None = None, layo
 
     Per-position rates from one run at K_max give the acceptance of every smaller K (a draft stops at the
     first rejection, so position i's count does not depend on how many positions follow it). Step costs:
-    with `layout` (target, draft, gpu, tp, batch) speedup.py's step-cost model; else Leviathan's
-    E(K) / (1 + c K) with the given or default cost ratio c.
+    with `layout` ({"layout": a validated draftfit Layout, "draft": its drafter}) the pipeline's evaluation of
+    the pair at the measured curve (pipeline.evaluate_pair, the step costs every other command uses); else
+    Leviathan's E(K) / (1 + c K) with the given or default cost ratio c. Best K by rules.best_k either way.
     """
     if not per_position:
         return None
@@ -292,17 +295,15 @@ def advise_k(per_position: list[float], *, cost_ratio: float | None = None, layo
     speedups: dict[int, float] = {}
     source = ""
     if layout:
-        try:
-            pred = predict_speedup(layout["target"], layout["draft"], layout["gpu"], tp=layout.get("tp", 1),
-                                   acceptance=list(per_position), batches=(layout.get("batch", 1),),
-                                   k_values=range(1, cur + 1))
-            row = pred.batches[layout.get("batch", 1)]
+        lay, draft = layout["layout"], layout["draft"]
+        ev = evaluate_pair(lay, draft, acceptance=list(per_position), k_values=range(1, cur + 1))
+        if ev.speedup is not None:
+            b = lay.batches[0]
+            row = ev.speedup.batches[b]
             speedups = {int(k): round(float(v["speedup"]), 3) for k, v in row.per_k.items()}
             cost_ratio = float(getattr(row, "c", 0.0) or 0.0)
-            source = (f"step costs of {layout['target'].name} + {layout['draft'].name} on {layout['gpu'].name} "
-                      f"x{layout.get('tp', 1)} at batch {layout.get('batch', 1)} ({pred.source})")
-        except ImportError:
-            speedups = {}
+            source = (f"step costs of {lay.target.name} + {ev.draft.name} on {lay.gpu.name} x{lay.tp} at batch {b} "
+                      f"({ev.speedup.source})")
     if not speedups:
         if cost_ratio is None:
             cost_ratio = DEFAULT_COST_RATIO
@@ -312,7 +313,7 @@ def advise_k(per_position: list[float], *, cost_ratio: float | None = None, layo
             source = f"--cost-ratio {cost_ratio:g}"
         for k in range(1, cur + 1):
             speedups[k] = round(analytic_speedup(list(per_position[:k]), k, cost_ratio), 3)
-    best = max(speedups, key=lambda k: (speedups[k], -k))
+    best = best_k(speedups)
     if best < cur:
         drop = ", ".join(f"{per_position[i]:.2f}" for i in range(best, cur))
         reason = (f"positions {best + 1}..{cur} are accepted in only {drop} of drafts, which no longer pays for "

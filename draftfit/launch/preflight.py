@@ -37,6 +37,8 @@ class PreflightReport:
     tp: int
     k: int
     checks: list[Check] = field(default_factory=list)
+    max_model_len: int | None = None  # the context the checks assumed
+    decision: str = ""  # the pipeline's verdict on the pair: speculate | don't | incompatible | does not fit
 
     @property
     def exit_code(self) -> int:
@@ -50,7 +52,7 @@ class PreflightReport:
 
     def to_json(self) -> dict:
         return {"target": self.target, "draft": self.draft, "gpu": self.gpu, "tp": self.tp, "k": self.k,
-                "exit_code": self.exit_code, "summary": self.summary,
+                "max_model_len": self.max_model_len, "decision": self.decision, "exit_code": self.exit_code, "summary": self.summary,
                 "checks": [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix} for c in self.checks]}
 
 
@@ -92,6 +94,7 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
         return report
     ev = evaluate_pair(layout, draft)
     rep, dec = ev.compat, ev.decision
+    report.max_model_len, report.decision = layout.max_model_len, dec.action
 
     # 2-3. tokenizer and what vLLM does with the pair
     first = "; ".join(n for n in rep.notes[:3])

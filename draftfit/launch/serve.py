@@ -53,8 +53,13 @@ class ServeCommand:
         return " \\\n    ".join([head, *parts[1:]])
 
     def to_dict(self) -> dict:
+        spec = self.speculative_config or {}
+        mml = next((self.argv[i + 1] for i, a in enumerate(self.argv[:-1]) if a in ("--max-model-len",
+                                                                                   "--context-length")), None)
         return {"engine": self.engine, "argv": self.argv, "env": self.env, "text": self.text, "notes": self.notes,
-                "vllm_version": self.vllm_version, "speculative_config": self.speculative_config}
+                "vllm_version": self.vllm_version, "speculative_config": self.speculative_config,
+                "k": spec.get("num_speculative_tokens"), "k_schedule": spec.get("num_speculative_tokens_per_batch_size"),
+                "max_model_len": int(mml) if mml else None}
 
 
 def resolve_launcher(launcher: str = "auto", vllm_version: str | None = None) -> str:

@@ -30,8 +30,6 @@ def analytic_speedup(alpha, k: int, c: float) -> float:
     return expected_tokens_per_step(alpha, k) / (int(k) * float(c) + 1.0)
 
 
-def best_k_analytic(alpha, c: float, k_values=range(1, 9)) -> tuple[int, float]:
-    return max(((k, analytic_speedup(alpha, k, c)) for k in k_values), key=lambda kv: kv[1])
 
 
 @dataclass
@@ -98,6 +96,9 @@ class SpeedupPrediction:
     corrected_by: str | None = None  # the learned model's name when it adjusted the numbers
     citation: str = LEVIATHAN
     context_len: int | None = None  # mean tokens of context per sequence the step costs assume
+    # The key names every command's JSON shares for the same things (rank's candidates, serve-cmd, preflight).
+    k: int | None = None  # = recommended_k
+    decision: str = ""  # = verdict: speculate | don't
 
 
 def _acceptance_parts(acceptance):
@@ -218,4 +219,5 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         target=model.target, draft=model.draft, gpu=model.gpu, tp=tp, alpha=alpha,
         acceptance_curve=extend_curve(acc, max(ks)) if isinstance(acc, list) else [alpha ** (i + 1) for i in range(max(ks))],
         acceptance_source=acc_src, batches=out, source=model.source, verdict=verdict, recommended_k=recommended,
-        k_schedule=schedule, notes=notes, corrected_by=corrected_by, context_len=context_len)
+        k_schedule=schedule, notes=notes, corrected_by=corrected_by, context_len=context_len, k=recommended,
+        decision=verdict)

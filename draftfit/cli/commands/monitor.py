@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 
 from draftfit.cli.render import json_option
-from draftfit.catalog.specs import resolve_gpu, resolve_model
+from draftfit.catalog.specs import resolve_model
 from draftfit.cli.render import console, emit_json, to_jsonable
 from draftfit.errors import DraftfitError
-from draftfit.layout import check_batches, check_float, check_int, check_tp
+from draftfit.layout import build_layout, check_batches, check_float, check_int, check_tp
 
 MAX_INTERVAL_S = 86400.0  # a day between readings; longer is no monitoring
 from draftfit.launch.monitor import DEFAULT_TIMEOUT_S, V0_RATE, read_once, watch
@@ -81,8 +81,8 @@ def monitor(url, interval, once, count, timeout_s, cost_ratio, target, draft, gp
             raise DraftfitError("--target, --draft and --gpu go together", fix="pass all three, or none")
 
         t_spec = resolve_model(target)
-        layout = {"target": t_spec, "draft": resolve_model(draft), "gpu": resolve_gpu(gpu),
-                  "tp": check_tp(t_spec, tp), "batch": batch}
+        layout = {"layout": build_layout(t_spec, gpu=gpu, tp=check_tp(t_spec, tp), batches=(batch,), fit_context=False),
+                  "draft": resolve_model(draft)}
     else:
         check_int(tp, "--tp", 1, 64, fix="pass --tp 1, 2, 4 or 8")
     con = console()

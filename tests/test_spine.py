@@ -211,3 +211,15 @@ def test_layout_refuses_nonsense_naming_the_option(kw, option):
     with pytest.raises(DraftfitError) as exc:
         build_layout("Llama-3.1-8B", gpu="H200", **kw)
     assert exc.value.message.startswith(option) and exc.value.fix and exc.value.exit_code == 2
+
+
+def test_the_package_top_level_is_the_api():
+    import draftfit
+
+    for name in draftfit.__all__:
+        assert getattr(draftfit, name) is not None
+    lay = draftfit.build_layout("Llama-3.1-70B", gpu="H200", tp=2, batches=(1, 32))
+    ev = draftfit.evaluate_pair(lay, "Llama-3.2-1B")
+    assert ev.decision.action == "speculate" and ev.speedup.source.startswith("calibrated")
+    with pytest.raises(AttributeError):
+        draftfit.no_such_name  # noqa: B018

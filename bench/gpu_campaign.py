@@ -30,6 +30,9 @@ Phases (the lead launches each as its own command):
   T2 / T3  in-process baselines and Llama K=6 / Qwen K=4 alternating multiprocess and in-process, with py-spy
   T4       py-spy on multiprocess starts that enter the tables: Llama K=4, Qwen3 K=6 and K=2
   P        one GPU: Qwen3-32B + Qwen3-1.7B (baseline, K 2, 4, 1, 3; 3 repeats), predicted beforehand (draftfit/data/predictions/)
+  M1       one GPU: Mixtral-8x7B + Mistral-7B-v0.1 at util 0.9 (baseline, K 2, 4, 1, 3, 6, 5); M2: Qwen1.5-MoE-A2.7B +
+           Qwen1.5-0.5B (same K); MC: memory only, the MoE targets alone and with their drafts at 8192 tokens
+  PM       one GPU: Qwen3-30B-A3B + Qwen3-0.6B, the held-out MoE check (predicted beforehand; never in a fit)
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
 """
@@ -45,7 +48,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "draftfit", "data", "calibration", "configs")
-VOCAB = {"Llama": 128256, "Qwen3": 151936, "Qwen2.5": 152064}
+# First match by name prefix: the MoE pairs share their draft's vocabulary (Mixtral/Mistral v0.1 32000 rows).
+VOCAB = {"Llama": 128256, "Qwen3": 151936, "Qwen2.5": 152064, "Mixtral": 32000, "Mistral": 32000,
+         "Qwen1.5": 151936, "Gemma-2": 256000, "Gemma-3": 262208}
 
 # Environment for vLLM 0.26 on the lent H200s (/work/shared/gpu/README.md); multicast must stay off.
 ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
@@ -122,6 +127,9 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
     c32, c7 = "Qwen2.5-Coder-32B", "Qwen2.5-Coder-7B"
     ks = [4, 2, 8, 1, 3, 6]  # priority order: the likely best K first, the extremes next
     big = dict(max_tokens=64, repeats=2)
+    mx, m7, qm, q05, q30 = "Mixtral-8x7B", "Mistral-7B-v0.1", "Qwen1.5-MoE-A2.7B", "Qwen1.5-0.5B", "Qwen3-30B-A3B"
+    moe_ks = [2, 4, 1, 3, 6, 5]  # the issue's measured K first, then the rest of 1-6
+    g9, g2, g312 = "Gemma-2-9b", "Gemma-2-2b", "Gemma-3-12b-text"
     return {
         "smoke": [("gpu0", "0", 60, _smoke_lane(work_dir))],
         "A": [("gpu0", "0", 90, pair_lane(l8, l1, ks)), ("gpu1", "1", 90, pair_lane(q8, q06, ks))],
@@ -159,6 +167,34 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
             t, d, (k,), suffix="-t4", repeats=5, gpu_trace=True, pyspy=True)])],
         # A configuration never measured before, predicted first (draftfit/data/predictions/, committed before this ran).
         "P": [("gpu0", "0", 120, pair_lane("Qwen3-32B", "Qwen3-1.7B", [2, 4, 1, 3], repeats=3))],
+        # MoE targets (issue 16), one H200 each, K 1-6 with the baseline in the same call. M1: Mixtral-8x7B (8
+        # experts, top-2; 87 GiB of bf16 weights + 13.5 for Mistral-7B-v0.1) at util 0.9; continue with M1 --skip
+        # <ids done>. M2: Qwen1.5-MoE-A2.7B (60 experts, top-4, a shared expert) + Qwen1.5-0.5B.
+        "M1": [("gpu0", "0", 240, pair_lane(mx, m7, moe_ks, util=0.9))],
+        "M2": [("gpu0", "0", 120, pair_lane(qm, q05, moe_ks))],
+        # Memory only, for the KV-token check against vLLM's log (never used to fit constants): the MoE targets
+        # alone and with their drafts at a longer context than the timing phases' 2048.
+        "MC": [("gpu0", "0", 240, [engine(mx, None, 0, memory_only=True, util=0.9, max_model_len=8192),
+                                   engine(mx, m7, 4, memory_only=True, util=0.9, max_model_len=8192),
+                                   engine(qm, None, 0, memory_only=True, util=0.85, max_model_len=8192),
+                                   engine(qm, q05, 4, memory_only=True, util=0.85, max_model_len=8192),
+                                   engine(q30, None, 0, memory_only=True, util=0.85, max_model_len=8192),
+                                   engine(q30, q06, 4, memory_only=True, util=0.85, max_model_len=8192)])],
+        # The held-out MoE check: Qwen3-30B-A3B + Qwen3-0.6B, predicted first (draftfit/data/predictions/
+        # 2026-12-01_Qwen3-30B-A3B__...json, context 112 = these engines' 64-token prompt + 48). Run only after the
+        # MoE step-cost model is frozen; its table must stay out of every fit (draftfit fit, fitted_overheads).
+        "PM": [("gpu0", "0", 150, pair_lane(q30, q06, moe_ks))],
+        # Sliding-window / hybrid KV-cache groups (issue 16), memory only, predicted first
+        # (draftfit/data/predictions/2026-12-01_sliding_window_memory__H200.json): Gemma-2-9b alone (2 groups of 21),
+        # Gemma-3-12b text-only alone at its 131072 context (five sliding groups keep window - 1 + 2 x 16384
+        # tokens), Gemma-2-9b + 2b with --disable-hybrid-kv-cache-manager (one group: the pair vLLM 0.26 starts),
+        # and the same pair with the hybrid manager on (expected start-up death: "same kv cache group").
+        "SW": [("gpu0", "0", 90, [engine(g9, None, 0, memory_only=True, util=0.9, max_model_len=8192),
+                                  engine(g312, None, 0, memory_only=True, util=0.9, max_model_len=131072),
+                                  dict(engine(g9, g2, 4, memory_only=True, util=0.9, max_model_len=8192),
+                                       engine_kwargs={"disable_hybrid_kv_cache_manager": True},
+                                       id="mem-Gemma-2-9b-Gemma-2-2b-k4-tp1-u0.9-L8192-nohma"),
+                                  engine(g9, g2, 4, memory_only=True, util=0.9, max_model_len=8192)])],
         "T2": [("gpu0", "0", 90, [e for t, d, k in ((q8, q06, 0), (l8, l1, 0), (l8, l1, 6)) for e in _restarts(
             t, d, (k,), suffix="-t-inproc", repeats=7, gpu_trace=True, env=_INPROC)])],
         "A-llama": [("gpu0", "0", 90, pair_lane(l8, l1, ks))],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -453,6 +454,7 @@ def preregistered(tables, folder: Path = PREDICTIONS) -> list[dict]:
                     "tp": pred["tp"], "alpha": alpha, "created": rec.get("created_utc"), "points": points,
                     # Files written before the JSON carried it were made at the CLI's default of 1024 tokens.
                     "context_len": pred.get("context_len") or 1024,
+                    "phase": (re.search(r"--phase (\S+)", rec.get("measured_by", "")) or [None, None])[1],
                     "measured_context_len": _table_context_len(table) if table else None})
     return out
 
@@ -469,7 +471,7 @@ def render_preregistered(records: list[dict]) -> str:
     for r in records:
         head = (f"Pre-registered: {r['target']} + {r['draft']} on {r['gpu']} TP={r['tp']} at acceptance "
                 f"{r['alpha']:g}, predicted on {r['created']} before any engine of this configuration ran "
-                f"(draftfit/data/predictions/{r['file']}; measured by campaign phase P)")
+                f"(draftfit/data/predictions/{r['file']}; measured by campaign phase {r.get('phase') or 'P'})")
         pts = r["points"]
         if not pts:
             lines += [head + ": not measured yet."]

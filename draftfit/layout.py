@@ -27,7 +27,10 @@ MAX_BATCH = 16384  # far above any max_num_seqs vLLM defaults to (1024 on the la
 MIN_CONTEXT = 256  # below this no chat or code request fits; vLLM itself accepts less, nobody serves it
 MAX_TEMPERATURE = 2.0  # the OpenAI-compatible API's range
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-QUANTIZATIONS = ("none", "fp8", "awq", "gptq")  # memory.plan.QUANT_BYTES_PER_PARAM
+# --quantization: "auto" (the default) and "none" keep the checkpoint's own weights (its quantization_config, if
+# any); fp8 and bitsandbytes are quantized by vLLM while loading a bf16 checkpoint; awq, gptq and mxfp4 size a
+# checkpoint published in that format. Each is a key of memory.plan.QUANT_BYTES_PER_PARAM.
+QUANTIZATIONS = ("auto", "none", "fp8", "awq", "gptq", "bitsandbytes", "mxfp4")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
@@ -298,6 +301,19 @@ def choose_tp_and_context(target: ModelSpec, gpu: GpuSpec, *, tp: int | None, ut
                         fix="pass a larger --tp, a GPU with more memory (--gpu), or --quantization fp8", exit_code=1)
 
 
+def check_quantization(spec: ModelSpec, quantization) -> str:
+    """The weight format the layout is sized and served with: the one asked for, else the checkpoint's own
+    ("none" when it has none). vLLM refuses a --quantization that differs from a quantized checkpoint's."""
+    asked = check_choice(quantization or "auto", QUANTIZATIONS, "--quantization")
+    own = spec.quantization
+    if asked in ("auto", "none"):
+        return own or "none"
+    if own and asked != own.split("-")[0]:
+        raise DraftfitError(f"--quantization {asked}: {spec.name} is already quantized ({own}, its "
+                            "quantization_config); vLLM refuses another method", fix="leave --quantization out")
+    return own or asked
+
+
 def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | None = None,
                  util: float | None = None, max_model_len: int | None = None, k: int | None = None,
                  batches=(1,), workload: str = "chat", temperature: float = 0.0, dtype: str = "auto",
@@ -315,7 +331,7 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
     bs = check_batches(batches)
     k_v = check_k(k) if k is not None else None
     dt = check_choice(dtype or "auto", DTYPES, "--dtype")
-    quant = check_choice(quantization or "none", QUANTIZATIONS, "--quantization")
+    quant = check_quantization(spec, quantization)
     kvd = check_choice(kv_cache_dtype or "auto", KV_CACHE_DTYPES, "--kv-cache-dtype")
     version = check_vllm_version(vllm_version)
     if tp is not None:
@@ -326,6 +342,8 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
     if max_model_len is not None:
         check_context(spec, max_model_len)
     notes: list[str] = []
+    if spec.quantization:
+        notes.append(f"weights sized as {spec.quantization}: {spec.name}'s quantization_config")
     gpu_spec = None
     if gpu is not None or need_gpu:
         if gpu is None:

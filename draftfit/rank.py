@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from draftfit.acceptance.prior import store_status
-from draftfit.catalog.specs import GpuSpec, ModelSpec, draft_candidates, resolve_model
+from draftfit.catalog.specs import NO_MODEL_METHODS, GpuSpec, ModelSpec, draft_candidates, method_drafter, resolve_model
 from draftfit.compat.tokenizers import catalog_verdict
 from draftfit.errors import DraftfitError
 from draftfit.layout import Layout, build_layout
@@ -149,8 +149,11 @@ def candidate_from(ev: PairEvaluation, kv_alone: int | None) -> Candidate:
     if ev.memory_error and c.fits is None:
         c.fits = False
     c.kv_tokens_without_draft = kv_alone
-    c.acceptance, c.acceptance_low, c.acceptance_high = est.alpha, est.low, est.high
-    c.acceptance_source, c.acceptance_citation, c.relation = est.source, est.citation, est.relation
+    if est is not None:
+        c.acceptance, c.acceptance_low, c.acceptance_high = est.alpha, est.low, est.high
+        c.acceptance_source, c.acceptance_citation, c.relation = est.source, est.citation, est.relation
+    else:
+        c.acceptance_source, c.relation = "none: measure it", d.method
     c.decision, c.reason, c.fix, c.group = dec.action, dec.reason, dec.fix, _GROUP[dec.action]
     batches = ev.layout.batches
     c.speedup = {b: None for b in batches}
@@ -176,7 +179,7 @@ def candidate_from(ev: PairEvaluation, kv_alone: int | None) -> Candidate:
 
 def _probe_draft(target: ModelSpec, drafts: list[ModelSpec]) -> ModelSpec | None:
     """The smallest draft model vLLM would run for the target: the context is chosen so that at least it fits."""
-    ok = [d for d in drafts if not d.is_eagle and d.vocab_size == target.vocab_size
+    ok = [d for d in drafts if not d.is_eagle and d.params_b > 0 and d.vocab_size == target.vocab_size
           and catalog_verdict(target, d).verdict != "incompatible"]
     return min(ok, key=lambda d: d.params_b) if ok else None
 
@@ -194,6 +197,8 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
         if spec.name not in seen:
             drafts.append(spec)
             seen.add(spec.name)
+    # The model-free drafters are candidates for every target: nothing to load, nothing to fit.
+    drafts += [method_drafter(m, target) for m in NO_MODEL_METHODS if m not in seen]
     layout = build_layout(target, gpu=gpu_name, tp=tp, util=util, max_model_len=max_model_len, batches=batches,
                           workload=workload, temperature=temperature, vllm_version=vllm_version,
                           quantization=quantization, kv_cache_dtype=kv_cache_dtype,

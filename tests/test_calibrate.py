@@ -35,14 +35,51 @@ def test_config_json_loads_in_transformers_with_catalog_shapes(name, tmp_path):
     assert shipped == config_json_for(spec)
 
 
-def test_config_json_refuses_moe_and_unknown_architectures():
+def test_config_json_refuses_unknown_architectures_and_experts_on_a_dense_one():
     spec = model_spec("Llama-3.1-8B")
     from dataclasses import replace
 
     with pytest.raises(DraftfitError):
         config_json_for(replace(spec, architecture="GPTNeoXForCausalLM"))
-    with pytest.raises(DraftfitError):
+    with pytest.raises(DraftfitError):  # experts on an architecture whose template has none
         config_json_for(replace(spec, num_experts=8, num_experts_per_tok=2))
+    with pytest.raises(DraftfitError):
+        config_json_for(model_spec("EAGLE3-Llama-3.1-8B"))
+
+
+# (catalog name, transformers config class, the MoE fields vLLM 0.26's model reads from it)
+MOE_CONFIGS = [
+    ("Qwen3-30B-A3B", "Qwen3MoeConfig", ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                         "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "head_dim")),
+    ("Qwen1.5-MoE-A2.7B", "Qwen2MoeConfig", ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                             "shared_expert_intermediate_size", "norm_topk_prob",
+                                             "decoder_sparse_step", "mlp_only_layers")),
+    ("Mixtral-8x7B", "MixtralConfig", ("num_local_experts", "num_experts_per_tok", "intermediate_size", "head_dim")),
+]
+
+
+@pytest.mark.parametrize("name,cls,moe_fields", MOE_CONFIGS, ids=[c[0] for c in MOE_CONFIGS])
+def test_moe_config_json_loads_in_its_transformers_class_with_the_catalog_experts(name, cls, moe_fields, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    spec = model_spec(name)
+    raw = config_json_for(spec)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert type(cfg).__name__ == cls and type(cfg).__name__.replace("Config", "ForCausalLM") == spec.architecture
+    assert all(f in raw for f in moe_fields), [f for f in moe_fields if f not in raw]
+    experts = cfg.num_local_experts if cls == "MixtralConfig" else cfg.num_experts
+    width = cfg.intermediate_size if cls == "MixtralConfig" else cfg.moe_intermediate_size
+    assert (experts, cfg.num_experts_per_tok, width) == \
+        (spec.num_experts, spec.num_experts_per_tok, spec.moe_intermediate_size)
+    assert getattr(cfg, "shared_expert_intermediate_size", 0) == spec.shared_expert_intermediate_size
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.vocab_size) == \
+        (spec.hidden_size, spec.num_layers, spec.num_kv_heads, spec.vocab_size)
+    # Read back through draftfit's own config.json reader, the folder is the catalog entry.
+    from draftfit.catalog.specs import resolve_model
+
+    assert resolve_model(str(tmp_path)).name == spec.name
+    shipped = json.loads((CONFIGS_DIR / name / "config.json").read_text())
+    assert shipped == raw
 
 
 def test_acceptance_rates_and_memory_lines():

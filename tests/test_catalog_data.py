@@ -14,7 +14,7 @@ BY_NAME = {m.name: m for m in MODELS}
 
 TOKENIZER_FAMILIES = {
     "llama-3.0", "llama-3.1", "llama-3.2-vision", "qwen2.5", "qwen3", "qwen3.5", "deepseek-r1-distill-qwen",
-    "deepseek-r1-distill-llama", "mistral-v3", "mistral-large-2411", "gemma2", "gemma3", "deepseek-v3", "deepseek-v4",
+    "deepseek-r1-distill-llama", "mistral-v1", "mistral-v3", "mistral-large-2411", "qwen1.5", "gemma2", "gemma3", "deepseek-v3", "deepseek-v4",
 }
 REQUIRED_MODELS = [
     "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Llama-3.2-1B", "Llama-3.2-3B", "Llama-3.3-70B",
@@ -29,7 +29,7 @@ REQUIRED_MODELS = [
 REQUIRED_GPUS = ["A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100-80GB", "H100-PCIe", "H200", "B200", "MI300X",
                  "RTX-4090"]
 # Configs that set head_dim explicitly to something other than hidden/heads.
-EXPLICIT_HEAD_DIM_FAMILIES = {"qwen3", "gemma2", "gemma3"}
+EXPLICIT_HEAD_DIM_FAMILIES = {"qwen3", "gemma2", "gemma3", "deepseek_v3", "eagle3"}  # DeepSeek: v_head_dim 128 (MLA); Qwen3 heads copy head_dim 128
 # The SigLIP vision tower (+ projector) that Gemma-3 4b/12b/27b checkpoints carry beside the text model.
 GEMMA3_VISION_B = 0.42
 
@@ -64,8 +64,8 @@ def test_shapes_are_consistent(m):
     assert m.max_position_embeddings >= 2048
     assert m.dtype in ("bfloat16", "float16")
     assert m.source.startswith(f"https://huggingface.co/{m.hub_id}/blob/main/config.json")
-    if m.sliding_window:
-        assert m.family in ("gemma2", "gemma3")
+    if m.sliding_window:  # Gemma's alternating layers; Mistral-7B-v0.1 slides every layer (4096)
+        assert m.family in ("gemma2", "gemma3", "mistral")
     if m.is_moe:
         assert m.moe_intermediate_size > 0 and 0 < m.num_experts_per_tok <= m.num_experts
     else:
@@ -78,8 +78,15 @@ def _shape_params_b(m) -> float:
     if m.is_eagle:
         # One layer whose q/k/v read [embedding, fused hidden] (2h), the fc that fuses three target layers
         # (3h -> h), the MLP and the 32000-row draft lm_head; the embedding is the target's.
-        return (2 * h * (q + 2 * kv) + q * h + 3 * h * m.intermediate_size + 3 * h * h + h * 32000) / 1e9
-    mlp = 3 * h * (m.moe_intermediate_size or m.intermediate_size) * max(m.num_experts, 1) + h * m.num_experts
+        target_h = m.target_hidden_size or h
+        return (2 * h * (q + 2 * kv) + q * h + 3 * h * m.intermediate_size + 3 * target_h * h
+                + h * (m.draft_vocab_size or 32000)) / 1e9
+    if m.kv_lora_rank:
+        # MLA (DeepSeek): low-rank q/kv projections and 3 dense layers the shape fields do not describe; the
+        # catalog keeps the model card's count (671B without the 14B MTP module).
+        return m.params_b
+    mlp = 3 * h * (m.moe_intermediate_size or m.intermediate_size) * max(m.num_experts, 1) + h * m.num_experts \
+        + 3 * h * m.shared_expert_intermediate_size  # Qwen1.5-MoE's always-active shared expert
     body = layers * (2 * h * q + 2 * h * kv + mlp)
     embeddings = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
     extra = GEMMA3_VISION_B if m.architecture == "Gemma3ForConditionalGeneration" else 0.0
@@ -105,6 +112,9 @@ def test_known_vocab_and_tying_facts():
     # R1-Distill-Qwen-1.5B unties what Qwen2.5-1.5B ties: same shapes, ~0.23B more weights.
     assert not BY_NAME["DeepSeek-R1-Distill-Qwen-1.5B"].tie_word_embeddings
     assert BY_NAME["Qwen3-30B-A3B"].num_experts == 128
+    # The MoE campaign pairs share their draft's vocabulary (vLLM's draft_model rule).
+    assert BY_NAME["Mixtral-8x7B"].vocab_size == BY_NAME["Mistral-7B-v0.1"].vocab_size == 32000
+    assert BY_NAME["Qwen1.5-MoE-A2.7B"].vocab_size == BY_NAME["Qwen1.5-0.5B"].vocab_size == 151936
 
 
 def test_one_tokenizer_family_means_one_vocabulary_up_to_padding():
@@ -123,7 +133,8 @@ def test_eagle_heads_point_at_their_targets():
         for target_name in head.draft_for:
             target = BY_NAME[target_name]
             assert not target.is_eagle
-            assert head.hidden_size == target.hidden_size
+            # fc fuses the target's hidden states; the head itself may be narrower (target_hidden_size)
+            assert (head.target_hidden_size or head.hidden_size) == target.hidden_size
             assert head.vocab_size == target.vocab_size
             assert head.tokenizer == target.tokenizer
     for m in MODELS:

@@ -44,8 +44,9 @@ def test_counters_of_a_repeating_output():
     pp = g["per_position_accepted"]
     assert all(a >= b for a, b in zip(pp, pp[1:])) and g["num_accepted"] <= g["num_draft_tokens"]
     assert g["num_accepted"] == sum(pp)
-    # every emitted token is accounted for: steps emit accepted + 1 tokens each
-    assert g["steps"] + g["num_accepted"] == len(output)
+    # every emitted token is accounted for: steps emit accepted + 1 tokens each, except that a last step whose
+    # drafts all land inside max_tokens has no room for its bonus token
+    assert g["steps"] + g["num_accepted"] in (len(output), len(output) + 1)
 
 
 def test_no_repetition_means_no_drafts():

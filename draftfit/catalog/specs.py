@@ -44,10 +44,30 @@ class ModelSpec:
     license: str = ""
     source: str = ""
     aliases: tuple[str, ...] = ()
+    # The checkpoint's own weight format, a key of memory.plan.QUANT_BYTES_PER_PARAM ("" = the dtype): read from
+    # config.json's quantization_config, so a local FP8 folder is sized as FP8 without any flag.
+    quantization: str = ""
+    # EAGLE-3 heads: rows of the head's own lm_head (0: vocab_size), and the width of the target hidden states
+    # its fc layer fuses (0: hidden_size; the EAGLE3-LLaMA3.3-70B head is narrower than its target).
+    draft_vocab_size: int = 0
+    target_hidden_size: int = 0
+    # Targets that ship multi-token-prediction layers (DeepSeek-V3/R1): vLLM drafts with them (method mtp).
+    num_nextn_predict_layers: int = 0
+    # Multi-head latent attention (DeepSeek): the KV cache holds one compressed latent of kv_lora_rank +
+    # qk_rope_head_dim values per token and layer, the same on every TP rank.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    # The always-active shared expert(s) of an MoE layer, as one MLP's intermediate size: Qwen2-MoE's
+    # shared_expert_intermediate_size, DeepSeek's n_shared_experts x moe_intermediate_size; 0 when none.
+    shared_expert_intermediate_size: int = 0
     sliding_window: int = 0
+    # Attention kind of each layer, compact: tokens of F (full) / S (sliding, window `sliding_window`), each
+    # optionally repeated, e.g. "SF*21" (Gemma-2-9b), "SSSSSF*8" (Gemma-3-12b), "F*20 S*8"; "" = all full.
+    # Expanded by layer_kinds(), which mirrors how vLLM 0.26 gives each layer its window (see there).
+    layer_types: str = ""
     local_path: str = ""  # set when resolved from a folder on disk
 
     @property
@@ -56,7 +76,13 @@ class ModelSpec:
 
     @property
     def is_eagle(self) -> bool:
-        return self.method.startswith("eagle")
+        # MTP layers run through vLLM's EAGLE proposer and obey every head rule (only for the model they ship in,
+        # the target's tokenizer and TP, no separate vocab check), so they count as heads here too.
+        return self.method.startswith("eagle") or self.method == "mtp"
+
+    @property
+    def is_mtp(self) -> bool:
+        return self.method == "mtp"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -110,7 +136,11 @@ def load_models(catalog_dir: Path = CATALOG_DIR) -> tuple[ModelSpec, ...]:
     import yaml
 
     data = yaml.load((catalog_dir / "models.yaml").read_text(), Loader=_yaml_loader())
-    return tuple(ModelSpec(**_tuple_fields(ModelSpec, m)) for m in data["models"])
+    models = tuple(ModelSpec(**_tuple_fields(ModelSpec, m)) for m in data["models"])
+    for m in models:
+        if m.layer_types:
+            layer_kinds(m)  # one layer kind per layer, or a one-line error naming the entry
+    return models
 
 
 @lru_cache(maxsize=None)
@@ -164,6 +194,14 @@ def resolve_model(name: str, *, allow_hub: bool = True) -> ModelSpec:
         hit = index.get(short) or index.get(_strip_variant(short))
     if hit is not None:
         return hit
+    if norm.endswith("mtp") and len(name) > 4 and name[-4] in "-_ ":
+        # "<target>-MTP": the target's own MTP layers (rank lists them under that name).
+        base = resolve_model(name[:-4], allow_hub=False)
+        mtp = mtp_drafter(base)
+        if mtp is not None:
+            return mtp
+        raise UnknownModelError(f"{base.name} ships no MTP layers (num_nextn_predict_layers is 0)",
+                                fix="pick a draft model or EAGLE head for it (`draftfit rank` lists them)")
     if "/" in name and allow_hub:
         folder = _fetch_from_hub(name)
         if folder is not None:
@@ -247,6 +285,139 @@ def validate_config(config, where: str) -> dict:
     return config
 
 
+FULL, SLIDING = "F", "S"
+_LAYER_TOKEN = re.compile(r"^([FS]+)(?:\*(\d+))?$")
+
+
+def expand_layer_types(pattern: str) -> tuple[str, ...]:
+    """"SF*2 S" -> ("S", "F", "S", "F", "S"); "" -> () (all full attention)."""
+    out: list[str] = []
+    for tok in (pattern or "").split():
+        m = _LAYER_TOKEN.match(tok)
+        if not m:
+            raise DraftfitError(f"layer_types token {tok!r} is not F/S letters with an optional *N",
+                                fix='write e.g. "SF*21" or "SSSSSF*8 SS"')
+        out += list(m.group(1)) * int(m.group(2) or 1)
+    return tuple(out)
+
+
+def compact_layer_types(kinds) -> str:
+    """The shortest-period form of a per-layer kind list: ("S","F")*21 -> "SF*21"; all full -> ""."""
+    kinds = list(kinds)
+    if not kinds or all(k == FULL for k in kinds):
+        return ""
+    n = len(kinds)
+    for period in range(1, n + 1):
+        reps, rest = divmod(n, period)
+        unit = kinds[:period]
+        if unit * reps + unit[:rest] == kinds:
+            body = "".join(unit) + (f"*{reps}" if reps > 1 else "")
+            return body + (" " + "".join(unit[:rest]) if rest else "")
+    return "".join(kinds)
+
+
+def layer_kinds(spec) -> tuple[str, ...]:
+    """F/S per layer. Sliding layers need spec.sliding_window; "" means every layer is full attention."""
+    if not spec.layer_types or not spec.sliding_window:
+        return (FULL,) * spec.num_layers
+    kinds = expand_layer_types(spec.layer_types)
+    if len(kinds) != spec.num_layers:
+        raise DraftfitError(f"{spec.name}: layer_types {spec.layer_types!r} names {len(kinds)} layers, the model "
+                            f"has {spec.num_layers}", fix="fix layer_types in draftfit/catalogs/models.yaml")
+    return kinds
+
+
+# Architectures whose vLLM attention takes the model-level window for every layer (cache_config.sliding_window),
+# ignoring layer_types: model_executor/models/qwen2.py builds Attention without per_layer_sliding_window.
+_MODEL_LEVEL_WINDOW_ARCHS = ("Qwen2ForCausalLM",)
+
+
+def layer_types_from_config(config: dict, cfg: dict, layers: int) -> tuple[int, str]:
+    """(sliding_window, layer_types) as vLLM 0.26 applies them to a config.json:
+    - `use_sliding_window: false` (Qwen2/Qwen3) turns the window off (transformers sets it to None);
+    - `layer_types` ("sliding_attention" / "full_attention") sets each layer (models/gemma2.py, gemma3.py,
+      llama.py: per_layer_sliding_window only for "sliding_attention");
+    - absent, transformers derives it: Gemma-2 alternates from a sliding layer 0 (Gemma2Config), Gemma-3 has
+      `sliding_window_pattern` - 1 sliding layers per full one (default 6, Gemma3TextConfig), Qwen2/Qwen3 slide
+      from `max_window_layers` on;
+    - otherwise a window applies to every layer (layers/attention/attention.py falls back to
+      cache_config.sliding_window), e.g. Mistral-7B-v0.1."""
+    window = cfg.get("sliding_window") or 0
+    if cfg.get("use_sliding_window") is False or not isinstance(window, int) or isinstance(window, bool):
+        return 0, ""
+    if not window or layers <= 0:
+        return 0, ""
+    archs = config.get("architectures") or []
+    model_type = str(cfg.get("model_type") or config.get("model_type") or "")
+    given = cfg.get("layer_types")
+    if any(a in _MODEL_LEVEL_WINDOW_ARCHS for a in archs):
+        kinds = [SLIDING] * layers
+    elif isinstance(given, list) and len(given) == layers:
+        kinds = [SLIDING if t == "sliding_attention" else FULL for t in given]
+    elif model_type.startswith("gemma2"):
+        kinds = [SLIDING if (i + 1) % 2 else FULL for i in range(layers)]
+    elif model_type.startswith("gemma3"):
+        period = cfg.get("sliding_window_pattern") or config.get("sliding_window_pattern") or 6
+        period = period if isinstance(period, int) and not isinstance(period, bool) and period > 0 else 6
+        kinds = [SLIDING if (i + 1) % period else FULL for i in range(layers)]
+    elif cfg.get("use_sliding_window") and isinstance(cfg.get("max_window_layers"), int):
+        kinds = [SLIDING if i >= cfg["max_window_layers"] else FULL for i in range(layers)]
+    else:
+        kinds = [SLIDING] * layers
+    pattern = compact_layer_types(kinds)
+    return (window if pattern else 0), pattern
+
+
+# quantization_config.quant_method values vLLM loads -> the weight format memory.plan.QUANT_BYTES_PER_PARAM sizes.
+_QUANT_METHODS = {"fp8": "fp8", "fbgemm_fp8": "fp8", "ptpc_fp8": "fp8", "awq": "awq", "awq_marlin": "awq",
+                  "gptq": "gptq", "gptq_marlin": "gptq", "compressed-tensors": "", "compressed_tensors": "",
+                  "bitsandbytes": "bitsandbytes", "mxfp4": "mxfp4", "modelopt": "fp8", "experts_int8": "int8"}
+
+
+def quantization_of(config: dict, where: str = "config.json") -> str:
+    """The weight format a config.json's quantization_config names ("" when there is none), with the details
+    that change its size: FP8 block scales (DeepSeek's weight_block_size), GPTQ bits, the compressed-tensors
+    scheme (8-bit float = fp8, 8-bit int = int8, 4-bit int = w4a16), bitsandbytes 4 or 8 bit."""
+    qc = config.get("quantization_config")
+    if qc is None and isinstance(config.get("text_config"), dict):
+        qc = config["text_config"].get("quantization_config")
+    if qc is None:
+        return ""
+    if not isinstance(qc, dict):
+        raise DraftfitError(f"{where}: quantization_config is a JSON {type(qc).__name__}, not an object",
+                            fix="fix quantization_config in config.json (copy it from the published checkpoint)")
+    method = str(qc.get("quant_method") or "").lower()
+    if method not in _QUANT_METHODS:
+        raise DraftfitError(f"{where}: quantization_config.quant_method {method or None!r} is not one draftfit sizes",
+                            fix="use a checkpoint in " + ", ".join(sorted(m for m in _QUANT_METHODS if m)))
+    fmt = _QUANT_METHODS[method]
+    bits = qc.get("bits") if isinstance(qc.get("bits"), int) else None
+    if method == "fp8" and qc.get("weight_block_size"):
+        return "fp8-block"
+    if fmt == "gptq" and bits == 8:
+        return "gptq-8bit"
+    if method == "bitsandbytes":
+        return "bitsandbytes-8bit" if qc.get("load_in_8bit") else "bitsandbytes"
+    if method == "modelopt" and "fp8" not in str(qc.get("quant_algo", "fp8")).lower():
+        raise DraftfitError(f"{where}: modelopt quant_algo {qc.get('quant_algo')!r} is not one draftfit sizes",
+                            fix="use an FP8 modelopt checkpoint, or one in fp8, awq, gptq or compressed-tensors")
+    if fmt == "":  # compressed-tensors: the first scheme's weights say what the linear layers hold
+        groups = qc.get("config_groups") if isinstance(qc.get("config_groups"), dict) else {}
+        weights = next((g.get("weights") for g in groups.values() if isinstance(g, dict)
+                        and isinstance(g.get("weights"), dict)), None)
+        if weights is None:
+            raise DraftfitError(f"{where}: compressed-tensors quantization_config has no config_groups weights",
+                                fix="copy quantization_config from the published checkpoint")
+        nbits, kind = weights.get("num_bits"), str(weights.get("type", "int"))
+        if nbits == 8:
+            return "fp8" if kind == "float" else "int8"
+        if nbits == 4:
+            return "w4a16" if kind == "int" else "mxfp4"
+        raise DraftfitError(f"{where}: compressed-tensors weights of {nbits!r} bits are not a size draftfit knows",
+                            fix="use an 8-bit or 4-bit compressed-tensors checkpoint")
+    return fmt
+
+
 def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: str = "",
                      tokenizer: str = "") -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json dict (text models; nested text_config honoured)."""
@@ -261,13 +432,17 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
     kv_heads = cfg.get("num_key_value_heads") or heads
     tie = bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)))
     experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
-    moe_inter = cfg.get("moe_intermediate_size") or 0
+    # Mixtral-style configs have no moe_intermediate_size: each expert is intermediate_size wide.
+    moe_inter = (cfg.get("moe_intermediate_size") or inter) if experts else 0
+    shared_inter = _shared_expert_intermediate_size(cfg, moe_inter) if experts else 0
     # Parameter count from the shapes: attention, MLP (or experts), norms, embeddings.
     attn = hidden * (heads * head_dim) * 2 + hidden * (kv_heads * head_dim) * 2
-    mlp = 3 * hidden * (moe_inter or inter) * (experts or 1) + (hidden * experts if experts else 0)
+    mlp = 3 * hidden * (moe_inter or inter) * (experts or 1) + (hidden * experts if experts else 0) \
+        + 3 * hidden * shared_inter
     params = layers * (attn + mlp + 2 * hidden) + vocab * hidden * (1 if tie else 2) + hidden
     dtype = str(config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
     archs = config.get("architectures") or ["unknown"]
+    window, layer_pattern = layer_types_from_config(config, cfg, layers)
     return ModelSpec(
         name=name, hub_id=hub_id, architecture=archs[0], hidden_size=hidden, num_layers=layers,
         num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inter,
@@ -275,9 +450,29 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
         tie_word_embeddings=tie, params_b=round(params / 1e9, 3), tokenizer=tokenizer,
         family=str(config.get("model_type", "")), dtype=dtype.replace("torch.", ""),
         num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok") or 0,
-        moe_intermediate_size=moe_inter, sliding_window=cfg.get("sliding_window") or 0,
+        moe_intermediate_size=moe_inter, shared_expert_intermediate_size=shared_inter,
+        sliding_window=window, layer_types=layer_pattern,
         local_path=local_path, source=f"{local_path or hub_id}/config.json",
+        quantization=quantization_of(config, f"{local_path or hub_id or name}/config.json"),
+        draft_vocab_size=_pos_int(cfg.get("draft_vocab_size")), target_hidden_size=_pos_int(cfg.get("target_hidden_size")),
+        num_nextn_predict_layers=_pos_int(cfg.get("num_nextn_predict_layers")),
+        kv_lora_rank=_pos_int(cfg.get("kv_lora_rank")), qk_rope_head_dim=_pos_int(cfg.get("qk_rope_head_dim")),
+        method="eagle3" if "eagle3" in archs[0].lower() else "draft_model",
     )
+
+
+def _pos_int(v) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
+def _shared_expert_intermediate_size(cfg: dict, moe_inter: int) -> int:
+    """The shared experts of an MoE config.json as one MLP width: Qwen2-MoE names it, DeepSeek counts
+    n_shared_experts of moe_intermediate_size each."""
+    named = cfg.get("shared_expert_intermediate_size")
+    if isinstance(named, int) and not isinstance(named, bool) and named > 0:
+        return named
+    n = cfg.get("n_shared_experts")
+    return n * moe_inter if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
 _SHAPE_FIELDS = ("architecture", "hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -289,7 +484,8 @@ def catalog_match(spec: ModelSpec) -> ModelSpec | None:
     share a shape (a base and an instruct model, 3.0 and 3.1): the one whose name is closest to the folder's
     name or hub id wins, then the one with the same context length."""
     shape = tuple(getattr(spec, f) for f in _SHAPE_FIELDS)
-    hits = [m for m in load_models() if not m.is_eagle and tuple(getattr(m, f) for f in _SHAPE_FIELDS) == shape]
+    hits = [m for m in load_models() if m.is_eagle == spec.is_eagle
+            and tuple(getattr(m, f) for f in _SHAPE_FIELDS) == shape]
     if not hits:
         return None
     label = _normalize((spec.hub_id or spec.name).split("/")[-1])
@@ -328,7 +524,8 @@ def spec_from_folder(path: Path, hub_id: str = "") -> ModelSpec:
         return spec
     import dataclasses
 
-    return dataclasses.replace(entry, local_path=local, dtype=spec.dtype,
+    # The folder's own quantization_config wins: an FP8 copy of a bf16 catalog model is sized as FP8.
+    return dataclasses.replace(entry, local_path=local, dtype=spec.dtype, quantization=spec.quantization,
                                source=f"{local}/config.json (matches catalog entry {entry.name})")
 
 
@@ -342,9 +539,34 @@ def spec_from_tokenizer_folder(path: Path) -> ModelSpec:
                      local_path=local, source=f"{local}/tokenizer.json (no config.json)")
 
 
+def mtp_drafter(target: ModelSpec) -> ModelSpec | None:
+    """The drafter made of `target`'s own multi-token-prediction layers (vLLM method mtp: no extra model, the
+    weights are in the target's checkpoint), or None when it ships none. params_b counts what vLLM adds for
+    them: num_nextn_predict_layers decoder layers (an MLA target's mean layer: its params over its layers,
+    the routed experts dominate) and eh_proj (2 x hidden -> hidden); embedding and lm_head are the target's."""
+    n = target.num_nextn_predict_layers
+    if n <= 0:
+        return None
+    import dataclasses
+
+    h = target.hidden_size
+    if target.kv_lora_rank:
+        layer = (target.params_b * 1e9 - 2 * target.vocab_size * h) / max(target.num_layers, 1)
+    else:
+        q, kv = target.num_attention_heads * target.head_dim, target.num_kv_heads * target.head_dim
+        inter = target.moe_intermediate_size or target.intermediate_size
+        layer = 2 * h * (q + kv) + 3 * h * inter * (target.num_experts or 1)
+    return dataclasses.replace(
+        target, name=f"{target.name}-MTP", aliases=(), method="mtp", draft_for=(target.name,), num_layers=n,
+        params_b=round(n * (layer + 2 * h * h) / 1e9, 3), family="mtp", num_nextn_predict_layers=0,
+        source=f"{target.source}#num_nextn_predict_layers={n} (the target's own MTP layers)")
+
+
 def draft_candidates(target: ModelSpec) -> list[ModelSpec]:
-    """Catalog models that could draft for `target`: smaller dense models and EAGLE heads made for it."""
-    out = []
+    """Catalog models that could draft for `target`: smaller dense models, EAGLE heads made for it, and its own
+    MTP layers when it ships them."""
+    mtp = mtp_drafter(target)
+    out = [mtp] if mtp is not None else []
     for m in load_models():
         if m.name == target.name:
             continue
@@ -354,3 +576,21 @@ def draft_candidates(target: ModelSpec) -> list[ModelSpec]:
         elif m.params_b < target.params_b * 0.5:
             out.append(m)
     return out
+
+
+# Drafters that are a method, not a model: vLLM proposes from the context itself (no weights, no KV cache).
+# ngram: prompt lookup (vllm/v1/spec_decode/ngram_proposer.py); suffix: suffix decoding through the
+# arctic-inference package (config/speculative.py _validate_suffix_decoding).
+NO_MODEL_METHODS = ("ngram", "suffix")
+
+
+def method_drafter(method: str, target: ModelSpec) -> ModelSpec:
+    """A ModelSpec standing for a model-free drafter of `target`: zero shapes (nothing to load or cache), the
+    target's vocabulary and tokenizer (it proposes the target's own tokens)."""
+    if method not in NO_MODEL_METHODS:
+        raise DraftfitError(f"unknown drafting method {method!r}", fix=f"use one of {', '.join(NO_MODEL_METHODS)}")
+    return ModelSpec(name=method, hub_id="", architecture="none", hidden_size=0, num_layers=0,
+                     num_attention_heads=0, num_kv_heads=0, head_dim=0, intermediate_size=0,
+                     vocab_size=target.vocab_size, max_position_embeddings=target.max_position_embeddings,
+                     tie_word_embeddings=False, params_b=0.0, tokenizer=target.tokenizer, family=method,
+                     dtype=target.dtype, method=method, source="vLLM speculative method (no model)")

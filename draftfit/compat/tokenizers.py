@@ -572,6 +572,14 @@ DECLARED: dict[str, dict] = {
         "note": "declared, not computed: no registry ships this file; the shared base with mistral-v3 is assumed "
                 "(mistral-common's v7 tokenizer is v3 plus control tokens), not verified on files",
     },
+    "qwen1.5": {
+        "base_from": "qwen2.5",  # Qwen1.5 and Qwen2/2.5/3 share the 151643-token byte-level BPE base
+        "total_size": 151646, "specials_fingerprint": "declared:qwen1.5-specials",
+        "bos": None, "eos": "<|endoftext|>", "pad": "<|endoftext|>", "bos_id": None, "eos_id": 151643, "pad_id": 151643,
+        "source": "Qwen/Qwen1.5-0.5B tokenizer (151643 base + 3 specials: <|endoftext|>, <|im_start|>, <|im_end|>); "
+                  "base fingerprint computed from the Qwen2.5 file, whose base vocabulary is the same",
+        "note": "base computed from the qwen2.5 fixture; specials declared (no registry ships the Qwen1.5 file)",
+    },
     "gemma2": {
         "base_fingerprint": "declared:spm-gemma-256000", "base_size": 256000, "total_size": 256000,
         "specials_fingerprint": "declared:gemma2-specials", "bos": "<bos>", "eos": "<eos>", "pad": "<pad>",

@@ -10,10 +10,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from draftfit.errors import DraftfitError
-from draftfit.catalog.specs import resolve_gpu, resolve_model
+from draftfit.catalog.specs import NO_MODEL_METHODS, resolve_gpu, resolve_model
 from draftfit.launch.serve import V1_DRAFT_MODEL_SINCE
 from draftfit.layout import build_layout
-from draftfit.pipeline import evaluate_pair
+from draftfit.pipeline import evaluate_pair, resolve_drafter
 from draftfit.rules import best_k, worth_speculating
 from draftfit.vllm_version import installed_vllm_version, parse_version
 
@@ -67,7 +67,8 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
     specs = {}
     for role, name in (("target", target_name), ("draft", draft_name)):
         try:
-            specs[role] = resolve_model(name)
+            specs[role] = (resolve_drafter(specs["target"], name) if role == "draft" and "target" in specs
+                           else resolve_model(name))
             s = specs[role]
             add(Check(f"resolve {role}", PASS, f"{name} -> {s.name} ({s.local_path or s.hub_id}, {s.params_b:g}B)"))
         except DraftfitError as exc:
@@ -106,7 +107,12 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
     else:
         add(Check("tokenizer", FAIL, f"incompatible ({rep.source}): {first}",
                   rep.fix or "pick a draft with the target's tokenizer"))
-    if ev.vllm_runs:
+    if "KV-cache group" in ev.vllm_reason:
+        # The vocab rule held; what vLLM does with the draft's KV-cache groups decides (pipeline._vllm_verdict).
+        add(Check("vLLM vocab rule", PASS, "vLLM accepts the vocabularies (equal vocab_size)"))
+        add(Check("vLLM KV-cache groups", PASS if ev.vllm_runs else FAIL, ev.vllm_reason,
+                  None if ev.vllm_runs else dec.fix))
+    elif ev.vllm_runs:
         add(Check("vLLM vocab rule", PASS, ev.vllm_reason))
     else:
         add(Check("vLLM vocab rule", FAIL, ev.vllm_reason, dec.fix or rep.fix))
@@ -177,7 +183,12 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
         add(Check("vLLM version", WARN, "vLLM is not installed here", "install vLLM >= 0.15 where you serve"))
     else:
         v = parse_version(version)
-        if draft.is_eagle:
+        if draft.method in NO_MODEL_METHODS:
+            ok = v >= (0, 8)
+            add(Check("vLLM version", PASS if ok else WARN, f"vLLM {version} ({where}) runs method {draft.method}"
+                      + (" when the arctic-inference package is installed" if draft.method == "suffix" else ""),
+                      None if ok else "upgrade vLLM to >= 0.8 (--speculative-config)"))
+        elif draft.is_eagle:
             ok = v >= (0, 9)
             add(Check("vLLM version", PASS if ok else WARN, f"vLLM {version} ({where}); EAGLE-3 heads need >= 0.9",
                       None if ok else "upgrade vLLM"))

@@ -15,7 +15,8 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from draftfit.catalog.specs import ModelSpec, resolve_model
+from draftfit.acceptance.method_prior import NGRAM_LOOKUP
+from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, resolve_model
 from draftfit.errors import DraftfitError
 from draftfit.vllm_version import installed_vllm_dist, installed_vllm_version, parse_version
 
@@ -84,6 +85,10 @@ def _as_spec(m) -> ModelSpec:
 
 
 def speculative_method(draft: ModelSpec) -> str:
+    if draft.method in NO_MODEL_METHODS:
+        return draft.method
+    if draft.is_mtp:
+        return "mtp"
     return "eagle3" if draft.method.startswith("eagle3") else ("eagle" if draft.is_eagle else "draft_model")
 
 
@@ -91,7 +96,8 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
                   max_model_len: int | None = None, util: float | None = None, dtype: str | None = None,
                   host: str | None = None, port: int | None = None, kv_cache_dtype: str | None = None,
                   enforce_eager: bool = False, extra_args: list[str] | None = None, target_path: str | None = None,
-                  draft_path: str | None = None, launcher: str = "cli", k_schedule: list | None = None) -> ServeCommand:
+                  draft_path: str | None = None, launcher: str = "cli", k_schedule: list | None = None,
+                  quantization: str | None = None) -> ServeCommand:
     """The serve command; `target_path`/`draft_path` override where the weights are (a local folder).
     `k_schedule`: vLLM's num_speculative_tokens_per_batch_size ranges [(lo, hi, K)] when the best K varies."""
     target, draft = _as_spec(target), _as_spec(draft)
@@ -100,9 +106,16 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
         raise DraftfitError(f"K must be at least 1 (got {k})", fix="pass --k 1..8")
     if tp < 1:
         raise DraftfitError(f"tensor parallel size must be at least 1 (got {tp})", fix="pass --tp 1, 2, 4 or 8")
+    if draft.method in NO_MODEL_METHODS and (engine == "sglang" or (parse_version(vllm_version) and
+                                                                   parse_version(vllm_version) < SPEC_CONFIG_SINCE)):
+        raise DraftfitError(f"draftfit writes {draft.method} only for vLLM >= 0.8 (--speculative-config)",
+                            fix="use --engine vllm with a current vLLM", exit_code=1)
     if engine == "sglang":
-        return _sglang_command(t_ref, d_ref, draft, k=k, tp=tp, max_model_len=max_model_len, util=util,
-                               dtype=dtype, host=host, port=port)
+        cmd = _sglang_command(t_ref, d_ref, draft, k=k, tp=tp, max_model_len=max_model_len, util=util,
+                              dtype=dtype, host=host, port=port)
+        if quantization:
+            cmd.argv += ["--quantization", quantization]
+        return cmd
     if engine != "vllm":
         raise DraftfitError(f"unknown engine {engine!r}", fix="use --engine vllm or --engine sglang")
 
@@ -128,6 +141,9 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
         argv += ["--gpu-memory-utilization", f"{util:g}"]
     if kv_cache_dtype and kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", kv_cache_dtype]
+    if quantization:
+        # vLLM quantizes the unquantized checkpoint while loading (online FP8: weights at ~1 byte per parameter).
+        argv += ["--quantization", quantization]
     if enforce_eager:
         argv += ["--enforce-eager"]
     if host:
@@ -144,8 +160,13 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
             argv += ["--speculative-draft-tensor-parallel-size", str(tp)]
         notes.append(f"legacy flags for vLLM {version} (< 0.8): --speculative-model/--num-speculative-tokens")
     else:
-        spec_cfg = {"method": method, "model": d_ref, "num_speculative_tokens": k}
-        if tp > 1:
+        # MTP: the layers are in the target's checkpoint; vLLM's SpeculativeConfig takes the target as the model
+        # when none is given (config/speculative.py, method "mtp").
+        spec_cfg = ({"method": method, "num_speculative_tokens": k} if method in ("mtp", *NO_MODEL_METHODS) else
+                    {"method": method, "model": d_ref, "num_speculative_tokens": k})
+        if method == "ngram":  # the lookup window draftfit predicted with (acceptance.method_prior)
+            spec_cfg["prompt_lookup_min"], spec_cfg["prompt_lookup_max"] = NGRAM_LOOKUP
+        if tp > 1 and method not in NO_MODEL_METHODS:
             # vLLM accepts 1 or the target's TP; equal TP keeps the draft's shards beside the target's.
             spec_cfg["draft_tensor_parallel_size"] = tp
         if k_schedule:
@@ -166,8 +187,11 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
 def _sglang_command(t_ref: str, d_ref: str, draft: ModelSpec, *, k: int, tp: int, max_model_len, util, dtype, host,
                     port) -> ServeCommand:
     algo = "EAGLE3" if draft.method.startswith("eagle3") else ("EAGLE" if draft.is_eagle else "STANDALONE")
+    # SGLang drafts with a DeepSeek-style checkpoint's NextN (MTP) layers under algorithm EAGLE, no draft path.
+    draft_args = [] if draft.is_mtp else ["--speculative-draft-model-path", d_ref]
+    algo = "EAGLE" if draft.is_mtp else algo
     argv = ["python", "-m", "sglang.launch_server", "--model-path", t_ref,
-            "--speculative-algorithm", algo, "--speculative-draft-model-path", d_ref,
+            "--speculative-algorithm", algo, *draft_args,
             "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", str(k + 1)]
     if tp > 1:

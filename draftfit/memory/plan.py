@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from draftfit.errors import DraftfitError
 from draftfit.assets.models import is_ready, model_dir
-from draftfit.catalog.specs import GpuSpec, resolve_gpu, resolve_model, spec_from_config
+from draftfit.catalog.specs import GpuSpec, layer_kinds, resolve_gpu, resolve_model, spec_from_config
 from draftfit.errors import require
 from draftfit.locks import heavy_lock
 from draftfit.paths import DATA_DIR
@@ -51,13 +51,38 @@ CPU_BLOCK_SIZE = 128  # platforms/cpu.py: default when the user sets none
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
                "fp8_e5m2": 1, "int8": 1}
+# Bytes per parameter of the linear layers (embedding, lm_head and norms stay in the activation dtype: vLLM's
+# quantization methods leave them alone). Keys are weight formats; catalog.specs.quantization_of maps a
+# config.json's quantization_config onto them, layout.QUANTIZATIONS are the ones a user may ask for.
 QUANT_BYTES_PER_PARAM = {
     "none": None,  # the activation dtype
     "fp8": 1.0 + 4 / 4096,  # 1 byte + a float32 scale per output channel of a 4096-wide layer
+    "fp8-block": 1.0 + 4 / (128 * 128),  # DeepSeek-V3's weight_block_size [128, 128]: a float32 scale per block
+    "int8": 1.0 + 4 / 4096,  # W8A8 int8 (compressed-tensors): a float32 scale per output channel
     # 4-bit weights + a fp16 scale and a 4-bit zero point per group of 128 inputs
     "awq": 0.5 + 2 / 128 + 0.5 / 128,
     "gptq": 0.5 + 2 / 128 + 0.5 / 128 + 4 / 4096,  # + g_idx (int32 per input row), amortised
+    "gptq-8bit": 1.0 + 2 / 128 + 1.0 / 128 + 4 / 4096,
+    "w4a16": 0.5 + 2 / 128,  # compressed-tensors pack-quantized int4, symmetric: a bf16 scale per group of 128
+    # bitsandbytes nf4 with double quantization: 4 bits + an 8-bit absmax per 64 + a float32 per 256 absmaxes
+    "bitsandbytes": 0.5 + 1 / 64 + 4 / (64 * 256),
+    "bitsandbytes-8bit": 1.0 + 4 / 4096,  # LLM.int8(): int8 rows + a float32 scale per row
+    "mxfp4": 0.5 + 1 / 32,  # gpt-oss experts: 4-bit e2m1 + an e8m0 scale per 32 values
 }
+# What `--quantization X` does to an unquantized checkpoint: vLLM quantizes these while loading; the others need
+# a checkpoint already in that format (vLLM reads its quantization_config).
+ONLINE_QUANTIZATIONS = ("fp8", "bitsandbytes")
+
+
+def linear_bytes_per_param(spec, act_bytes: float, quantization: str = "none") -> float:
+    """Bytes one linear-layer parameter of `spec` takes on the GPU: the quantization asked for, else the
+    checkpoint's own (spec.quantization, from its quantization_config), else the activation dtype. The one
+    place both the memory plan and the speedup roofline's weight traffic read the quantized size from."""
+    fmt = quantization if quantization not in (None, "", "none", "auto") else (getattr(spec, "quantization", "")
+                                                                               or "none")
+    if fmt not in QUANT_BYTES_PER_PARAM:
+        raise DraftfitError(f"unknown quantization {fmt!r}", fix="use " + ", ".join(QUANT_BYTES_PER_PARAM))
+    return QUANT_BYTES_PER_PARAM[fmt] or act_bytes
 
 # Modelled terms (GPU). `sure`: derived from the vLLM source; `fit`: fitted to the 22 H200 engine starts in
 # draftfit/data/reference/memory/gpu_*.json (vLLM 0.26.0, `Actual usage is ...` lines); the test recomputes them all.
@@ -148,7 +173,137 @@ def kv_heads_per_rank(spec, tp: int) -> int:
 
 
 def kv_bytes_per_token(spec, tp: int, kv_dtype_bytes: int) -> int:
+    if _spec_get(spec, "kv_lora_rank", 0):
+        # MLA (vLLM MLAAttentionSpec): one latent of kv_lora_rank + qk_rope_head_dim per token and layer, no
+        # separate V, replicated on every TP rank.
+        return spec.num_layers * (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_dtype_bytes
     return spec.num_layers * 2 * kv_heads_per_rank(spec, tp) * spec.head_dim * kv_dtype_bytes
+
+
+# ----------------------------------------------------------------------------------------------- KV-cache groups
+
+@dataclass(frozen=True)
+class KvGroup:
+    kind: str  # "full" | "sliding"
+    window: int  # sliding window in tokens (0 for full attention)
+    block_size: int  # tokens per block after vLLM unified the page sizes
+    layers: int  # real layers in the group (the rest of group_size is padding)
+    draft_layers: int  # how many of them are the drafter's
+
+    def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
+        # kv_cache_interface.py: FullAttentionSpec.max_memory_usage_bytes = cdiv(max_model_len, block) pages;
+        # SlidingWindowSpec.max_admission_blocks_per_request = cdiv(min(window - 1 + in-flight tokens,
+        # max_model_len), block) + 1 (the window need not start at a block boundary).
+        if self.kind == "sliding":
+            return cdiv(min(self.window - 1 + max_in_flight_tokens, max_model_len), self.block_size) + 1
+        return cdiv(max_model_len, self.block_size)
+
+
+@dataclass(frozen=True)
+class KvGroups:
+    """vLLM 0.26's KV-cache groups for the target's (+ drafter's) attention layers (v1/core/kv_cache_utils.py
+    get_kv_cache_groups). All layers full attention, or all sliding with one window: one group, a block holds
+    every layer (UniformTypeKVCacheSpecs). Mixed: one group per `group_size` layers of one spec
+    (_get_kv_cache_groups_uniform_page_size); all groups draw from one pool of `group_size` tensors, so a
+    block costs page_bytes x group_size and a request needs the sum of its groups' blocks."""
+
+    groups: tuple  # KvGroup, in vLLM's order (target's layer order first, then the drafter's)
+    group_size: int
+    page_bytes: int  # one layer's block after unification (hybrid); the whole block (one group)
+    hybrid: bool
+    error: str = ""  # why vLLM cannot build the groups (start-up failure), "" when it can
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.page_bytes * (self.group_size if self.hybrid else 1)
+
+    @property
+    def draft_group_ids(self) -> tuple:
+        return tuple(i for i, g in enumerate(self.groups) if g.draft_layers)
+
+    def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
+        # get_max_concurrency_for_kv_cache_config: per-request bytes of every group over one block's bytes.
+        if not self.hybrid:
+            return self.groups[0].blocks_per_request(max_model_len, max_in_flight_tokens)
+        return sum(g.blocks_per_request(max_model_len, max_in_flight_tokens) for g in self.groups)
+
+    def draft_share(self, max_model_len: int, max_in_flight_tokens: int, draft_kv: int, per_token: int) -> float:
+        if not self.hybrid:
+            return round(draft_kv / per_token, 4) if per_token else 0.0
+        need = [g.blocks_per_request(max_model_len, max_in_flight_tokens) for g in self.groups]
+        return round(sum(n * g.draft_layers for n, g in zip(need, self.groups))
+                     / (sum(need) * self.group_size), 4)
+
+    def describe(self) -> str:
+        if not self.hybrid:
+            g = self.groups[0]
+            return (f"one KV-cache group ({g.layers} layers, " +
+                    (f"sliding window {g.window})" if g.kind == "sliding" else "full attention)"))
+        parts = [f"{g.layers} {'sliding ' + str(g.window) if g.kind == 'sliding' else 'full'}"
+                 + (f" (draft {g.draft_layers})" if g.draft_layers else "") for g in self.groups]
+        return f"{len(self.groups)} KV-cache groups of {self.group_size} layers: " + ", ".join(parts)
+
+
+def _layer_specs(spec, tp: int, kv_dtype_bytes: int, role: str) -> list:
+    """(role, kind, window, bytes per token, spec shape) per attention layer, as vLLM gives each layer its KV spec
+    (model_executor/layers/attention/attention.py get_kv_cache_spec: SlidingWindowSpec when the layer has a
+    window); layers of equal spec (kind, window, KV heads, head size, block size) share groups."""
+    per_layer = kv_bytes_per_token(spec, tp, kv_dtype_bytes) // max(1, spec.num_layers)
+    shape = (kv_heads_per_rank(spec, tp), spec.head_dim, _spec_get(spec, "kv_lora_rank", 0))
+    window = _spec_get(spec, "sliding_window", 0) or 0
+    kinds = layer_kinds(spec) if getattr(spec, "layer_types", "") else ("F",) * spec.num_layers
+    return [(role, "sliding" if k == "S" and window else "full", window if k == "S" else 0, per_layer, shape)
+            for k in kinds]
+
+
+def kv_cache_groups(target, draft=None, *, tp: int = 1, kv_dtype_bytes: int = 2, block_size: int = GPU_BLOCK_SIZE,
+                    disable_hybrid_kv_cache_manager: bool = False) -> KvGroups:
+    """The KV-cache groups vLLM 0.26 forms for these layers (v1/core/kv_cache_utils.py). With
+    --disable-hybrid-kv-cache-manager, unify_hybrid_kv_cache_specs turns every sliding layer into a full-attention
+    spec (KV kept for every token) when full layers are present, so all layers share one group."""
+    layers = _layer_specs(target, tp, kv_dtype_bytes, "target")
+    if draft is not None:
+        layers += _layer_specs(draft, tp, kv_dtype_bytes, "draft")
+    if disable_hybrid_kv_cache_manager and any(k == "full" for _, k, *_ in layers):
+        layers = [(r, "full", 0, b, shape) for r, _, _, b, shape in layers]
+    n_draft = sum(1 for r, *_ in layers if r == "draft")
+    kinds = {(k, w) for _, k, w, _, _ in layers}
+    if len(kinds) == 1:
+        # is_kv_cache_spec_uniform / UniformTypeKVCacheSpecs.from_specs: one group, every layer in a block.
+        kind, window = next(iter(kinds))
+        per_token = sum(b for _, _, _, b, _ in layers)
+        return KvGroups(groups=(KvGroup(kind, window, block_size, len(layers), n_draft),), group_size=len(layers),
+                        page_bytes=block_size * per_token, hybrid=False)
+    # unify_kv_cache_spec_page_size: smaller pages grow their block size by an integer ratio to the largest.
+    page = {b: block_size * b for _, _, _, b, _ in layers}
+    top = max(page.values())
+    error = ""
+    odd = sorted({p for p in page.values() if top % p})
+    if odd:
+        error = (f"page sizes {odd[0]:,} and {top:,} bytes do not divide: vLLM raises NotImplementedError "
+                 "(kv_cache_utils.unify_kv_cache_spec_page_size)")
+    buckets: dict = {}
+    for role, kind, window, b, shape in layers:
+        bs = block_size * (top // page[b]) if not top % page[b] else block_size
+        buckets.setdefault((kind, window, shape, bs), []).append(role)
+    # _get_kv_cache_groups_uniform_page_size: group_size = the fewest layers of one spec, or the most when they
+    # are within 1.5x; each spec's layers split into cdiv(n, group_size) groups, layers[i::n_groups].
+    sizes = [len(v) for v in buckets.values()]
+    group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    groups = []
+    for (kind, window, _b, bs), roles in buckets.items():
+        n = cdiv(len(roles), group_size)
+        for i in range(n):
+            members = roles[i::n]
+            groups.append(KvGroup(kind, window, bs, len(members), sum(1 for r in members if r == "draft")))
+    return KvGroups(groups=tuple(groups), group_size=group_size, page_bytes=top, hybrid=True, error=error)
+
+
+def max_in_flight_tokens(draft, max_num_batched_tokens: int) -> int:
+    """VllmConfig.max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens (config/vllm.py): 2
+    batches with async scheduling, which vLLM turns off for method draft_model (1 batch), keeps for heads."""
+    batches = 1 if draft is not None and not _spec_get(draft, "is_eagle", False) else 2
+    return batches * max_num_batched_tokens
 
 
 def _rotary_buffer_bytes(spec, act_bytes: int, max_position: int | None = None) -> int:
@@ -161,9 +316,17 @@ def _rotary_buffer_bytes(spec, act_bytes: int, max_position: int | None = None) 
 def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "none",
                            max_position: int | None = None) -> dict:
     """Bytes of parameters (and load-time buffers) on one TP rank, as vLLM allocates them."""
-    if quantization not in QUANT_BYTES_PER_PARAM:
-        raise DraftfitError(f"unknown quantization {quantization!r}", fix="use none, fp8, awq or gptq")
-    linear_bpp = QUANT_BYTES_PER_PARAM[quantization] or act_bytes
+    linear_bpp = linear_bytes_per_param(spec, act_bytes, quantization)
+    if _spec_get(spec, "is_eagle", False):
+        return _head_weights_bytes_per_rank(spec, tp, act_bytes, linear_bpp, max_position)
+    if _spec_get(spec, "kv_lora_rank", 0):
+        # MLA models (DeepSeek-V3/R1): low-rank q/kv projections and dense-then-MoE layers that the shape fields
+        # do not describe; the published parameter count, split over TP, is within a few % of vLLM's shards.
+        total = int(spec.params_b * 1e9 * linear_bpp / tp)
+        out = {"linear": total, "embedding": 0, "lm_head": 0, "norms_bias_router": 0,
+               "rotary_cache": _rotary_buffer_bytes(spec, act_bytes, max_position)}
+        out["total"] = sum(out.values())
+        return out
     h, hd, L = spec.hidden_size, spec.head_dim, spec.num_layers
     q_rank = spec.num_attention_heads // tp * hd
     kv_rank = kv_heads_per_rank(spec, tp) * hd
@@ -187,6 +350,42 @@ def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "n
         "norms_bias_router": (norms + qkv_bias + L * router) * act_bytes,
         "rotary_cache": _rotary_buffer_bytes(spec, act_bytes, max_position),
     }
+    out["total"] = sum(out.values())
+    return out
+
+
+def _head_weights_bytes_per_rank(spec, tp: int, act_bytes: int, linear_bpp: float, max_position) -> dict:
+    """A head that drafts from the target's hidden states, as vLLM builds it.
+
+    EAGLE-3 (model_executor/models/llama_eagle3.py): the first decoder layer's qkv_proj reads the embedding
+    and the fused hidden state side by side (2 x hidden inputs); `fc` fuses three target hidden states
+    (3 x target_hidden_size -> hidden, a ReplicatedLinear: whole on every rank); lm_head has draft_vocab_size
+    rows, with d2t (int64) and t2d (bool) maps. The proposer shares the target's embedding when the widths
+    match (v1/spec_decode/llm_base_proposer.py _maybe_share_embeddings) and frees the head's own; a narrower
+    head keeps its own.
+    MTP (method mtp): the target's own next-token layers, one decoder layer each plus eh_proj (2 x hidden ->
+    hidden); embedding and lm_head are shared with the target."""
+    h, L = spec.hidden_size, spec.num_layers
+    out = {"linear": 0, "embedding": 0, "lm_head": 0, "norms_bias_router": 0,
+           "rotary_cache": _rotary_buffer_bytes(spec, act_bytes, max_position)}
+    if _spec_get(spec, "method", "") == "mtp":
+        # params_b of an MTP drafter counts its layers and eh_proj only (catalog.specs.mtp_drafter).
+        out["linear"] = int(spec.params_b * 1e9 * linear_bpp / tp)
+        out["norms_bias_router"] = L * 4 * h * act_bytes
+    else:
+        q_rank = spec.num_attention_heads // tp * spec.head_dim
+        kv_rank = kv_heads_per_rank(spec, tp) * spec.head_dim
+        first = 2 * h * (q_rank + 2 * kv_rank) + q_rank * h + 3 * h * (spec.intermediate_size // tp)
+        rest = h * (q_rank + 2 * kv_rank) + q_rank * h + 3 * h * (spec.intermediate_size // tp)
+        out["linear"] = int((first + (L - 1) * rest) * linear_bpp)
+        target_h = _spec_get(spec, "target_hidden_size", 0) or h
+        fc = 3 * target_h * h
+        draft_vocab = _spec_get(spec, "draft_vocab_size", 0) or spec.vocab_size
+        out["lm_head"] = padded_vocab(draft_vocab) // tp * h * act_bytes
+        # Own embedding only when it cannot be the target's (another width).
+        out["embedding"] = (padded_vocab(spec.vocab_size) // tp * h * act_bytes) if target_h != h else 0
+        maps = draft_vocab * 8 + spec.vocab_size  # d2t int64, t2d bool
+        out["norms_bias_router"] = (fc + L * 3 * h + h) * act_bytes + maps
     out["total"] = sum(out.values())
     return out
 
@@ -235,6 +434,8 @@ class MemoryPlan:
     fixes: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     source: str = ""
+    kv_cache_groups: str = ""  # vLLM's KV-cache groups for these layers (KvGroups.describe)
+    kv_blocks_per_request: int = 0  # blocks one max_model_len request holds, summed over the groups
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -364,7 +565,8 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
                 dtype: str = "auto", kv_cache_dtype: str = "auto", quantization: str = "none",
                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                 num_speculative_tokens: int = 0, block_size: int = GPU_BLOCK_SIZE, entrypoint: str = "serve",
-                draft_quantization: str = "none", strict: bool = True, _explore: bool = True) -> MemoryPlan:
+                draft_quantization: str = "none", strict: bool = True, _explore: bool = True,
+                disable_hybrid_kv_cache_manager: bool = False) -> MemoryPlan:
     """KV cache and fit of `target` (+ `draft`, method draft_model) on `gpu` at TP `tp`, per vLLM 0.26.
 
     `gpu=None` is the CPU backend (see plan_memory_cpu). max_num_seqs / max_num_batched_tokens default
@@ -388,7 +590,9 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     if num_speculative_tokens == 0 and draft is not None:
         num_speculative_tokens = 4
     max_pos = target.max_position_embeddings or 0
-    if draft is not None and draft.max_position_embeddings:
+    # A head runs at the target's context: its KV shares the target's blocks (vLLM caps only the head's own
+    # max_model_len, which sizes nothing), so an EAGLE head's 2048 positions do not shorten the context.
+    if draft is not None and draft.max_position_embeddings and not _spec_get(draft, "is_eagle", False):
         max_pos = min(max_pos, draft.max_position_embeddings) if max_pos else draft.max_position_embeddings
     if max_model_len is None:
         max_model_len = max_pos or 4096
@@ -416,32 +620,50 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     t_kv = kv_bytes_per_token(target, tp, kv_bytes)
     d_kv = kv_bytes_per_token(draft, tp, kv_bytes) if draft is not None else 0
     per_token = t_kv + d_kv
+    # KV-cache groups (v1/core/kv_cache_utils.py get_kv_cache_configs): one group for all-full (or all-sliding)
+    # layers gives the classic blocks = pool // (block_size x bytes per token); sliding + full layers give
+    # hybrid groups whose blocks each request draws per group (sliding ones only for their window).
+    kvg = kv_cache_groups(target, draft, tp=tp, kv_dtype_bytes=kv_bytes, block_size=block_size,
+                          disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
+    in_flight = max_in_flight_tokens(draft, T)
+    blocks_per_req = kvg.blocks_per_request(max_model_len, in_flight)
 
     def tokens_for(peak_b, nt_b, cg_b):
         pool = requested - weights - peak_b - nt_b - cg_b
-        blocks = max(0, int(pool // (block_size * per_token)))
-        return pool, blocks, logged_kv_tokens(blocks, max_model_len, block_size)
+        blocks = max(0, int(pool // kvg.bytes_per_block))
+        # get_kv_cache_capacity: the logged `GPU KV cache size` = int(max_concurrency x max_model_len).
+        return pool, blocks, int(blocks / blocks_per_req * max_model_len) if blocks > 0 else 0
 
     pool, blocks, tokens = tokens_for(peak["total"], non_torch, cg_reserved)
     lo = tokens_for(peak["total"] * BAND["peak_activation"][1], non_torch * BAND["non_torch"][1],
                     cg_reserved * BAND["cudagraph"][1])[2]
     hi = tokens_for(peak["total"] * BAND["peak_activation"][0], non_torch * BAND["non_torch"][0],
                     cg_reserved * BAND["cudagraph"][0])[2]
-    blocks_per_req = cdiv(max_model_len, block_size)
-    one_request = blocks_per_req * block_size * per_token
-    fits = weights < requested and pool >= one_request
+    one_request = blocks_per_req * kvg.bytes_per_block
+    fits = weights < requested and pool >= one_request and not kvg.error
     headroom = pool - one_request
     reason = ""
     if weights >= requested:
         reason = (f"weights {_gib(weights)} GiB per GPU exceed the {_gib(requested)} GiB that util={util} "
                   f"allows on {gpu.name}")
+    elif kvg.error:
+        reason = f"vLLM cannot group the KV cache: {kvg.error}"
     elif not fits:
         reason = (f"KV pool {_gib(max(pool, 0))} GiB holds less than one {max_model_len}-token request "
                   f"({_gib(one_request)} GiB)")
+    if kvg.hybrid or kvg.groups[0].kind == "sliding":
+        notes.append(f"{kvg.describe()}; a {max_model_len}-token request holds {blocks_per_req} blocks of "
+                     f"{_gib(kvg.bytes_per_block) * 1024:.2f} MiB (sliding layers keep window - 1 + {in_flight} "
+                     "in-flight tokens, v1/kv_cache_interface.py SlidingWindowSpec)")
     notes.append(f"model runner {runner}: " + ("CUDA-graph estimate subtracted before sizing KV (V1)"
                                                 if runner == "v1" else
                                                 "no CUDA-graph estimate subtracted (V2); graphs use memory "
                                                 "outside the KV pool"))
+    weight_fmt = quantization if quantization not in ("none", "auto") else target.quantization
+    if weight_fmt:
+        notes.append(f"target weights sized as {weight_fmt} ({QUANT_BYTES_PER_PARAM[weight_fmt]:.3f} B/param in the "
+                     "linear layers" + (", the checkpoint's quantization_config)" if weight_fmt == target.quantization
+                                        else ", quantized by vLLM while loading)"))
     notes.append(f"profile run: max_num_batched_tokens={T}, max_num_seqs={R_seqs} (vLLM {entrypoint} defaults "
                  "unless given)")
     plan = MemoryPlan(
@@ -455,8 +677,10 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
         target_weights_gib=_gib(tw["total"]), draft_weights_gib=_gib(dw["total"]),
         peak_activation_gib=_gib(peak["total"]), non_torch_gib=_gib(non_torch), cudagraph_gib=_gib(cg),
         cudagraph_reserved_gib=_gib(cg_reserved), requested_gib=_gib(requested), kv_pool_gib=_gib(max(pool, 0)),
-        max_concurrency=round(blocks / blocks_per_req, 2), draft_pool_share=round(d_kv / per_token, 4),
+        max_concurrency=round(blocks / blocks_per_req, 2),
+        draft_pool_share=kvg.draft_share(max_model_len, in_flight, d_kv, per_token),
         headroom_gib=_gib(headroom), reason=reason, notes=notes, source=source("gpu"),
+        kv_cache_groups=kvg.describe(), kv_blocks_per_request=blocks_per_req,
     )
     if weights >= requested and strict:
         fit_tp = _smallest_fitting_tp(target, draft, gpu, tp, util, act_bytes, quantization, draft_quantization)
@@ -464,7 +688,7 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
             f"{target.name}" + (f" + {draft.name}" if draft is not None else "") +
             f" cannot fit on {gpu.name} at TP={tp}: {reason}",
             fix=(f"use --tp {fit_tp}" if fit_tp else "use a bigger GPU or --quantization fp8/awq")
-            + (" or --quantization fp8" if quantization == "none" else ""))
+            + (" or --quantization fp8" if quantization in ("none", "auto") and not target.quantization else ""))
     if _explore and not fits:
         plan.fixes = _fixes(target, draft, gpu, dict(
             tp=tp, util=util, max_model_len=max_model_len, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
@@ -493,6 +717,17 @@ def _smallest_fitting_tp(target, draft, gpu, tp, util, act_bytes, quantization, 
     return None
 
 
+# The draftfit option (rank, memory, preflight, speedup, serve-cmd) behind each plan_memory argument a fix changes.
+DRAFTFIT_FLAGS = {"kv_cache_dtype": "--kv-cache-dtype", "quantization": "--quantization",
+                  "max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs", "tp": "--tp", "util": "--util"}
+
+
+def draftfit_flags(change: dict) -> str:
+    """A fix in the words of draftfit's own commands: {"tp": 2} -> "--tp 2" (the `fix` label is vLLM's)."""
+    return " ".join(f"{DRAFTFIT_FLAGS[k]} {v:g}" if isinstance(v, float) else f"{DRAFTFIT_FLAGS[k]} {v}"
+                    for k, v in change.items())
+
+
 def _fixes(target, draft, gpu, kw, *, per_token, pool) -> list[dict]:
     """Each change that would make the layout fit, with the numbers it gives (brief's order of cost)."""
     out = []
@@ -504,11 +739,14 @@ def _fixes(target, draft, gpu, kw, *, per_token, pool) -> list[dict]:
         except DraftfitError:
             return
         if p.fits:
-            out.append({"fix": label, "kv_tokens": p.kv_tokens, "max_concurrency": p.max_concurrency,
-                        "headroom_gib": p.headroom_gib, "change": change})
+            out.append({"fix": label, "draftfit": draftfit_flags(change), "kv_tokens": p.kv_tokens,
+                        "max_concurrency": p.max_concurrency, "headroom_gib": p.headroom_gib, "change": change})
 
     if not str(kw["kv_cache_dtype"]).startswith("fp8"):
         attempt("--kv-cache-dtype fp8", kv_cache_dtype="fp8")
+    if kw["quantization"] in ("none", "auto") and not getattr(target, "quantization", ""):
+        # vLLM quantizes an unquantized checkpoint to FP8 while loading (half the weights of bf16).
+        attempt("--quantization fp8", quantization="fp8")
     if pool > 0:
         fit_len = int(pool // per_token) // kw["block_size"] * kw["block_size"]
         if fit_len >= 1024:
@@ -703,7 +941,10 @@ def predict_record(record: dict) -> MemoryPlan:
                        quantization=record.get("quantization", "none"), max_num_seqs=record.get("max_num_seqs"),
                        max_num_batched_tokens=record.get("max_num_batched_tokens"),
                        num_speculative_tokens=record.get("num_speculative_tokens", 0),
-                       entrypoint=record.get("entrypoint", "llm"), strict=False)
+                       entrypoint=record.get("entrypoint", "llm"), strict=False,
+                       disable_hybrid_kv_cache_manager=bool(
+                           record.get("disable_hybrid_kv_cache_manager")
+                           or (record.get("engine_kwargs") or {}).get("disable_hybrid_kv_cache_manager")))
 
 
 _CPU_CHILD = r"""

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -143,8 +145,29 @@ def check_engine_expand() -> bool:
         return False
 
 
+PARENT_PID_ENV = "DRAFTFIT_MEASURE_PARENT_PID"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """The worker runs in its own session (so _kill can end its whole group), which also means nothing ends it
+    when `draftfit measure` is killed with -9: an orphaned engine (~15 GB on the real pair) would keep running
+    after the parent's heavy-job lock is released, beside the next heavy job. Linux's PR_SET_PDEATHSIG sends
+    us SIGKILL when the parent dies; a parent already gone before the call is caught by the ppid check."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the parent's _kill still covers every exit but -9
+        pass
+    expected = os.environ.get(PARENT_PID_ENV)
+    if expected and os.getppid() != int(expected):
+        os._exit(1)
+
+
 def _worker(spec_path: str, messages_path: str) -> None:
     """Runs inside the spawned process: one engine, every temperature, groups of prompts."""
+    _die_with_parent()
     req = MeasureRequest(**json.loads(Path(spec_path).read_text()))
     out = open(messages_path, "a", buffering=1)
 
@@ -255,13 +278,36 @@ def preflight_pair(target: str, draft: str) -> list[str]:
     return notes
 
 
+MAX_ERROR_CHARS = 300
+# The line a Python traceback ends with ("ValueError: To serve at least one request ..."), possibly chained.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?")
+
+
+def _clip(line: str) -> str:
+    # The head names the problem (vLLM's KV message puts the needed and available GiB first).
+    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."
+
+
 def _last_error(log: str) -> str:
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    raised = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
+    if raised:
+        return _clip(raised[-1])
     for marker in ("Error", "error", "Killed", "Traceback"):
         hits = [ln for ln in lines if marker in ln and not ln.startswith("File ")]
         if hits:
-            return hits[-1][-300:]
-    return (lines[-1] if lines else "no output")[-300:]
+            return _clip(hits[-1])
+    return _clip(lines[-1] if lines else "no output")
+
+
+def _exit_description(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:  # killed by a signal: -9 is usually the kernel's OOM killer
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}" + (" (out of memory?)" if -returncode == signal.SIGKILL else "")
+    return f"exited with code {returncode}"
 
 
 def run_vllm(req: MeasureRequest, *, progress: bool = True, timeout_s: float | None = None) -> dict:
@@ -278,6 +324,7 @@ def run_vllm(req: MeasureRequest, *, progress: bool = True, timeout_s: float | N
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         # In-process engine core: the expand-shim fix (module docstring) must live where the sampler runs.
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        env[PARENT_PID_ENV] = str(os.getpid())
         with open(log_path, "w") as log:
             proc = subprocess.Popen([sys.executable, "-m", "draftfit.acceptance.measure.vllm", "--worker", str(spec), str(messages)],
                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -287,7 +334,8 @@ def run_vllm(req: MeasureRequest, *, progress: bool = True, timeout_s: float | N
                 _kill(proc)
                 raise
         if state.get("done") is None:
-            raise MeasurementFailed(f"vLLM worker exited with code {proc.returncode}: {_last_error(log_path.read_text())}",
+            raise MeasurementFailed(f"vLLM worker {_exit_description(proc.returncode)}: "
+                                    f"{_last_error(log_path.read_text(errors='replace'))}",
                                     fix="lower --prompts/--max-tokens or max_model_len, set VLLM_CPU_KVCACHE_SPACE, "
                                         "and check the models load with vLLM")
         return {"vllm_version": state["done"]["vllm_version"], "startup_s": state.get("startup_s"),
@@ -295,8 +343,6 @@ def run_vllm(req: MeasureRequest, *, progress: bool = True, timeout_s: float | N
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    import signal
-
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

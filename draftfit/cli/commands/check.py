@@ -12,6 +12,7 @@ from draftfit.errors import DraftfitError
 from draftfit.layout import check_name
 from draftfit.cli.render import console, emit_json, table
 from draftfit.compat.tokenizers import check_pair
+from draftfit.pipeline import vllm_verdict
 
 VERDICT_STYLE = {"identical": "bold green", "compatible": "bold yellow", "incompatible": "bold red"}
 
@@ -81,8 +82,15 @@ def check(target: str, draft: str, catalog_only: bool, as_json: bool):
     target_spec = _resolve(check_name(target, "TARGET"), catalog_only)
     draft_spec = _resolve(check_name(draft, "DRAFT"), catalog_only)
     report = check_pair(target_spec, draft_spec, use_files=not catalog_only)
+    # What vLLM does at start-up beyond the vocab rule (KV-cache groups): pipeline's one verdict, TP 1.
+    starts = None
+    if report.vllm_accepts and target_spec.num_layers and draft_spec.num_layers:
+        starts = vllm_verdict(target_spec, draft_spec, compat=report)
     if as_json:
-        emit_json(report)
+        data = report.to_dict()
+        if starts is not None:
+            data["vllm_starts"], data["vllm_reason"], data["vllm_fix"] = starts
+        emit_json(data)
         return
 
     out = console()
@@ -96,7 +104,13 @@ def check(target: str, draft: str, catalog_only: bool, as_json: bool):
     out.print(f"tokenizers: [{style}]{report.verdict}[/]{diff} (from {report.source})")
     vllm = ("[yellow]unknown[/] (no config.json, so no embedding rows to compare)" if report.vllm_accepts is None
             else "[green]starts the pair[/]" if report.vllm_accepts else "[red]refuses the pair[/]")
-    out.print(f"vLLM: {vllm}")
+    if starts is not None and not starts[0]:
+        vllm = f"[red]accepts the vocabularies, then fails at start-up[/]: {starts[1]}"
+    elif starts is not None and "KV-cache group" in starts[1]:
+        vllm += f": {starts[1]}"
+    out.print(f"vLLM: {vllm}", highlight=False)
+    if starts is not None and starts[2]:
+        out.print(f"[bold]fix (vLLM start-up):[/] {starts[2]}", highlight=False)
     if report.warning:
         out.print(f"[bold red]WARNING: {report.warning}[/]")
     for note in report.notes:

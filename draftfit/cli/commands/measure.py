@@ -4,6 +4,7 @@ stored with provenance, printed with its curve over K."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ MEASURE_K_MAX = 16
 MAX_PROMPTS = 10_000
 MAX_TOKENS = 131_072
 MAX_SEED = 2**32 - 1
+MIN_MODEL_LEN_TOKENS, MAX_MODEL_LEN_TOKENS = 64, 1 << 20  # the pair's own max_position_embeddings is vLLM's to check
 from draftfit.cli.render import console, emit_json, table
 from draftfit import locks
 
@@ -74,8 +76,13 @@ def resolve_local(name: str) -> LocalModel:
 def run_measurement(target: str, draft: str, *, workload: str, temperatures: list[float], k: int = 8,
                     num_prompts: int = 6, max_tokens: int = 48, backend: str = "vllm", seed: int = 0,
                     store_path: str | None = None, progress: bool = True, group_size: int = 1,
-                    raw_sink: list | None = None) -> list:
-    """Measure, store one run per temperature (ok or failed), return the AcceptanceResults."""
+                    raw_sink: list | None = None, max_model_len: int = MeasureRequest.max_model_len) -> list:
+    """Measure, store one run per temperature (ok or failed), return the AcceptanceResults.
+
+    A backend that fails (a vLLM engine that dies: out of KV space, out of memory, a crash) stores one failed
+    run per temperature with its error line, and the DraftfitError raised names those runs. Ctrl-C stores
+    them as failed 'interrupted'. A kill -9 of this process stores nothing: runs are written only here, each
+    in one transaction, and the worker dies with its parent (vllm._die_with_parent)."""
 
     if workload not in WORKLOADS:
         raise DraftfitError(f"unknown workload {workload!r}", fix=f"use one of {', '.join(WORKLOADS)}")
@@ -85,6 +92,8 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
     check_int(num_prompts, "--prompts", 1, MAX_PROMPTS, fix="e.g. --prompts 6")
     check_int(max_tokens, "--max-tokens", 2, MAX_TOKENS, fix="e.g. --max-tokens 48")
     check_int(seed, "--seed", 0, MAX_SEED, fix="e.g. --seed 0")
+    check_int(max_model_len, "--max-model-len", MIN_MODEL_LEN_TOKENS, MAX_MODEL_LEN_TOKENS,
+              fix="e.g. --max-model-len 2048")
     if backend not in ("vllm", "hf"):
         raise DraftfitError(f"unknown backend {backend!r}", fix="use --backend vllm or --backend hf")
     t_model, d_model = resolve_local(target), resolve_local(draft)
@@ -94,6 +103,10 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
                 target_hash=weights_fingerprint(t_model.path), draft_hash=weights_fingerprint(d_model.path),
                 num_prompts=num_prompts, max_tokens=max_tokens,
                 prompt_set_hash=prompt_set_hash(workload, num_prompts), started_at=started)
+    # The engine's memory settings, for a failed run too: they are what a KV-space failure is about.
+    engine_extra = {"max_model_len": max_model_len,
+                    "VLLM_CPU_KVCACHE_SPACE": vllm_backend.ensure_kv_space(os.environ)["VLLM_CPU_KVCACHE_SPACE"]
+                    } if backend == "vllm" else {}
     store = MeasurementStore(store_path)
     wall_t0 = time.monotonic()  # reset once the heavy-job lock is ours: waiting is not measuring
     import transformers  # noqa: F401 - version for provenance; both backends load it anyway
@@ -104,7 +117,7 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
 
             req = MeasureRequest(target=str(t_model.path), draft=str(d_model.path), workload=workload,
                                  temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
-                                 seed=seed, group_size=group_size)
+                                 seed=seed, group_size=group_size, max_model_len=max_model_len)
             with locks.heavy_lock():
                 wall_t0 = time.monotonic()
                 raw = vllm_backend.run_vllm(req, progress=progress)
@@ -121,9 +134,20 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
             raise DraftfitError(f"unknown backend {backend!r}", fix="use --backend vllm or --backend hf")
         wall_s = round(time.monotonic() - wall_t0, 1)
     except DraftfitError as exc:
+        ids = [store.record_run(RunRecord(**base, temperature=t, status="failed", error=exc.one_line(),
+                                          transformers_version=tf_version, extra=dict(engine_extra)))
+               for t in temperatures]
+        store.close()
+        # Same exception (its type and exit code are what callers test), now naming the stored runs.
+        exc.message = (f"{exc.message} (stored as failed run{'s' if len(ids) > 1 else ''} "
+                       f"{', '.join(map(str, ids))}: `draftfit runs show {ids[0]}`)")
+        exc.args = (exc.one_line(),)
+        raise
+    except KeyboardInterrupt:
         for t in temperatures:
-            store.record_run(RunRecord(**base, temperature=t, status="failed", error=exc.one_line(),
-                                       transformers_version=tf_version))
+            store.record_run(RunRecord(**base, temperature=t, status="failed", transformers_version=tf_version,
+                                       error="interrupted (Ctrl-C) before the measurement finished",
+                                       extra=dict(engine_extra)))
         store.close()
         raise
     if raw_sink is not None:
@@ -150,7 +174,8 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
             seed=seed, target=t_model.name, draft=d_model.name, num_prompts=num_prompts, max_tokens=max_tokens,
             output_tokens=per["output_tokens"], seconds=seconds,
             tokens_per_s=per["output_tokens"] / seconds if seconds else 0.0, wall_s=wall_s)
-        extra = {"startup_s": raw.get("startup_s"), **(per.get("extra") or {}), "groups_match_counters": groups_match,
+        extra = {**engine_extra, "startup_s": raw.get("startup_s"), **(per.get("extra") or {}),
+                 "groups_match_counters": groups_match,
                  **({"sampler_check": raw["sampler_check"]} if raw.get("sampler_check") else {}),
                  "per_request_metrics": bool(per.get("per_request")),
                  "wall_s": wall_s, "temperatures_in_run": temperatures}
@@ -182,10 +207,13 @@ def _parse_temperatures(value: str) -> list[float]:
 @click.option("--max-tokens", type=int, default=48, show_default=True)
 @click.option("--backend", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-model-len", "max_model_len", type=int, default=MeasureRequest.max_model_len, show_default=True,
+              help="vLLM engine's max_model_len in tokens (its KV pool must hold one such request).")
 @click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None,
               help="SQLite store (default: ~/.cache/draftfit/measurements.sqlite).")
 @json_option
-def measure(target, draft, workload, temperature, k, num_prompts, max_tokens, backend, seed, store_path, as_json):
+def measure(target, draft, workload, temperature, k, num_prompts, max_tokens, backend, seed, max_model_len, store_path,
+            as_json):
     """Measure acceptance of DRAFT for TARGET (local folders, or the Qwen2.5-Coder pair after `make models`)."""
 
     temperatures = _parse_temperatures(temperature)
@@ -193,10 +221,12 @@ def measure(target, draft, workload, temperature, k, num_prompts, max_tokens, ba
     check_int(num_prompts, "--prompts", 1, MAX_PROMPTS, fix="e.g. --prompts 6")
     check_int(max_tokens, "--max-tokens", 2, MAX_TOKENS, fix="e.g. --max-tokens 48")
     check_int(seed, "--seed", 0, MAX_SEED, fix="e.g. --seed 0")
+    check_int(max_model_len, "--max-model-len", MIN_MODEL_LEN_TOKENS, MAX_MODEL_LEN_TOKENS,
+              fix="e.g. --max-model-len 2048")
     t0 = time.monotonic()
     results = run_measurement(target, draft, workload=workload, temperatures=temperatures,
                               k=k, num_prompts=num_prompts, max_tokens=max_tokens, backend=backend, seed=seed,
-                              store_path=store_path, progress=not as_json)
+                              store_path=store_path, progress=not as_json, max_model_len=max_model_len)
     if as_json:
         emit_json([{
             "run_id": r.run_id, "target": r.target, "draft": r.draft, "workload": r.workload, "backend": r.backend,

@@ -54,6 +54,11 @@ def list_runs(store_path, as_json):
                             fmt(r["acceptance_rate"], ".3f"), fmt(r["mean_acceptance_length"], ".2f"),
                             fmt(r["tokens_per_s"], ".1f"), r["ended_at"]] for r in rows],
                           caption=None if rows else "no runs yet: `draftfit measure TARGET DRAFT`"))
+    # A failed run has no numbers to show in the table: its error line is the whole record of what happened.
+    for r in rows:
+        if r["status"] == "failed":
+            console().print(f"run {r['id']} failed: {' '.join(str(r['error'] or 'no error recorded').split())}",
+                            soft_wrap=True, highlight=False, markup=False)
 
 
 @runs.command("show")

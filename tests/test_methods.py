@@ -1,0 +1,70 @@
+"""Model-free drafters (ngram, suffix) through the same pipeline as draft models and heads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from draftfit.cli import cli
+from draftfit.layout import build_layout
+from draftfit.pipeline import evaluate_pair
+
+
+def _serve(*args):
+    res = CliRunner().invoke(cli, ["serve-cmd", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_serve_cmd_ngram_parses_in_vllms_own_argument_parser():
+    cmd = _serve("Llama-3.1-8B", "ngram", "--tp", "2")
+    spec = cmd["speculative_config"]
+    assert spec["method"] == "ngram" and "model" not in spec and "draft_tensor_parallel_size" not in spec
+    assert spec["prompt_lookup_min"] <= spec["prompt_lookup_max"]
+    arg_utils = pytest.importorskip("vllm.engine.arg_utils")
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = arg_utils.EngineArgs.add_cli_args(FlexibleArgumentParser())
+    argv = cmd["argv"]
+    assert argv[:2] == ["vllm", "serve"]
+    ns = parser.parse_args(["--model", argv[2], *argv[3:]])
+    parsed = ns.speculative_config if isinstance(ns.speculative_config, dict) else json.loads(ns.speculative_config)
+    assert parsed["method"] == "ngram" and parsed["num_speculative_tokens"] == cmd["k"]
+    # vLLM's SpeculativeConfig declares every field draftfit writes
+    fields = __import__("vllm.config.speculative", fromlist=["x"]).SpeculativeConfig.__dataclass_fields__
+    assert set(parsed) <= set(fields)
+
+
+def test_ngram_costs_no_memory_and_no_draft_passes():
+    layout = build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192)
+    ng = evaluate_pair(layout, "ngram")
+    small = evaluate_pair(layout, "Llama-3.2-1B")
+    assert ng.vllm_runs and ng.compat.verdict == "identical" and ng.method == "ngram"
+    assert ng.memory.draft_weights_gib == 0 and ng.memory.kv_tokens > small.memory.kv_tokens
+
+
+def test_ngram_prior_comes_from_replayed_real_outputs_with_its_source():
+    layout = build_layout("Qwen2.5-Coder-32B", gpu="H200", max_model_len=4096, workload="code")
+    ev = evaluate_pair(layout, "ngram")
+    if ev.acceptance is None:
+        pytest.skip("no stored n-gram outputs for this workload (bench/ngram_replay.py writes them)")
+    assert ev.acceptance.source.startswith("replay:ngram") and "ngram" in ev.acceptance.citation
+    assert ev.acceptance.low <= ev.acceptance.alpha <= ev.acceptance.high
+    assert ev.decision.per_batch and ev.speedup is not None
+
+
+def test_rank_lists_ngram_and_suffix_rows_with_their_sources():
+    res = CliRunner().invoke(cli, ["rank", "--target", "Llama-3.1-8B", "--gpu", "H200", "--workload", "code",
+                                   "--json"])
+    rows = {c["draft"]: c for c in json.loads(res.stdout)["candidates"]}
+    assert rows["ngram"]["method"] == "ngram" and rows["ngram"]["acceptance_source"]
+    assert rows["suffix"]["method"] == "suffix" and "measure it" in rows["suffix"]["reason"]
+    assert any(r["method"] == "eagle3" for r in rows.values())
+
+
+def test_suffix_has_no_made_up_prior():
+    layout = build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192)
+    ev = evaluate_pair(layout, "suffix")
+    assert ev.acceptance is None and "measure it" in ev.decision.reason

@@ -1,0 +1,122 @@
+"""MoE in the step-cost model: expert coverage of a step's tokens, dense models untouched, and the held-out
+prediction for Qwen3-30B-A3B + Qwen3-0.6B committed before it was measured (issue 16)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftfit.speedup.stepcost import (expert_coverage, expert_params_per_layer, forward_ms, gpu_spec, model_spec,
+                                       prior_step_cost, weight_bytes_per_rank)
+
+ROOT = Path(__file__).resolve().parent.parent
+PREDICTION = ROOT / "draftfit" / "data" / "predictions" / "2026-12-01_Qwen3-30B-A3B__Qwen3-0.6B__H200__tp1__a0.8.json"
+
+
+def _expert_bytes(spec, tokens: int) -> float:
+    return expert_params_per_layer(spec) * spec.num_layers * expert_coverage(spec.num_experts, spec.num_experts_per_tok,
+                                                                             tokens) * 2
+
+
+def test_expert_coverage_formula():
+    assert expert_coverage(128, 8, 1) == pytest.approx(8)  # one token reads exactly its top-k
+    assert expert_coverage(128, 8, 0) == 0.0
+    assert expert_coverage(128, 8, 32) == pytest.approx(128 * (1 - (1 - 8 / 128) ** 32))
+    assert expert_coverage(128, 8, 10_000) == pytest.approx(128)  # never more than every expert
+    assert expert_coverage(8, 2, 3) == pytest.approx(8 * (1 - 0.75 ** 3))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 6])
+def test_verify_reads_k_plus_one_times_the_experts_at_batch_1_and_about_the_same_at_batch_32(k):
+    """128 experts top-8 (Qwen3-30B-A3B): verifying K+1 tokens at batch 1 reads nearly K+1 times the expert
+    weights of a plain one-token step; at batch 32 the plain step already covers ~112 of 128 experts."""
+    moe = model_spec("Qwen3-30B-A3B")
+    ratio_1 = _expert_bytes(moe, k + 1) / _expert_bytes(moe, 1)
+    assert 0.8 * (k + 1) < ratio_1 <= k + 1
+    ratio_32 = _expert_bytes(moe, 32 * (k + 1)) / _expert_bytes(moe, 32)
+    assert 1.0 <= ratio_32 < 1.15
+    # The whole weight traffic (attention, router, LM head read every step) moves the same way, less.
+    whole_1 = weight_bytes_per_rank(moe, 1, k + 1) / weight_bytes_per_rank(moe, 1, 1)
+    assert 1 + 0.4 * k < whole_1 < k + 1
+    assert weight_bytes_per_rank(moe, 1, 32 * (k + 1)) / weight_bytes_per_rank(moe, 1, 32) < 1.15
+
+
+def test_dense_weight_traffic_does_not_depend_on_tokens_and_shared_experts_always_count():
+    dense = model_spec("Llama-3.1-8B")
+    assert weight_bytes_per_rank(dense, 1, 512) == weight_bytes_per_rank(dense, 1, 1) == weight_bytes_per_rank(dense, 1)
+    qmoe = model_spec("Qwen1.5-MoE-A2.7B")  # 60 experts top-4 and a 5632-wide shared expert
+    shared = 3 * qmoe.hidden_size * qmoe.shared_expert_intermediate_size * qmoe.num_layers * 2
+    one = weight_bytes_per_rank(qmoe, 1, 1)
+    assert one - (weight_bytes_per_rank(qmoe, 1, 1) - shared) == pytest.approx(shared)
+    # Every expert read (many tokens): the whole checkpoint but the input embedding.
+    every = weight_bytes_per_rank(qmoe, 1, 100_000)
+    assert every == pytest.approx(2 * (qmoe.params_b * 1e9 - qmoe.vocab_size * qmoe.hidden_size), rel=0.02)
+
+
+# Step costs of dense pairs from the step-cost model before MoE coverage existed (git HEAD at the time,
+# prior overheads, batch 128, context 112): the MoE terms must leave them bit for bit.
+DENSE_BEFORE = {
+    ("Llama-3.1-8B", "Llama-3.2-1B", 1): (6.398011733333334, {1: 16.09744478926372, 4: 59.854683973159304,
+                                                              8: 92.59766955168674}),
+    ("Qwen2.5-Coder-32B", "Qwen2.5-Coder-7B", 1): (19.637102933333335, {1: 42.31114738869381, 4: 145.85308127173454,
+                                                                        8: 234.84232644912217}),
+    ("Llama-3.1-70B", "Llama-3.2-1B", 2): (22.151074133333335, {1: 43.129760554521546, 4: 141.73793738630388,
+                                                                8: 222.015506495347}),
+}
+
+
+@pytest.mark.parametrize("pair", list(DENSE_BEFORE), ids=lambda p: f"{p[0]}+{p[1]}")
+def test_dense_prior_is_unchanged_by_the_moe_terms(pair):
+    target, draft, tp = pair
+    sc = prior_step_cost(model_spec(target), model_spec(draft), gpu_spec("H200"), batch=128, k_values=[1, 4, 8],
+                         tp=tp, context_len=112)
+    base, spec = DENSE_BEFORE[pair]
+    assert sc.base_step_ms == pytest.approx(base, rel=1e-12)
+    assert sc.spec_step_ms == pytest.approx(spec, rel=1e-12)
+
+
+def test_moe_target_gains_at_batch_32_and_loses_at_batch_1():
+    """The reversal issue 16 measured: with a 0.6B dense draft, speculation on the 128-expert MoE loses at batch
+    1 (the verify reads K+1 tokens' experts) and gains at batch 32 (the plain step reads nearly all of them)."""
+    t, d, g = model_spec("Qwen3-30B-A3B"), model_spec("Qwen3-0.6B"), gpu_spec("H200")
+    b1 = prior_step_cost(t, d, g, batch=1, k_values=[2, 4], context_len=112)
+    b32 = prior_step_cost(t, d, g, batch=32, k_values=[2, 4], context_len=112)
+    assert b32.verify_ms[4] / b32.base_step_ms < 1.3 < b1.verify_ms[4] / b1.base_step_ms
+    # An MoE draft pays coverage too: its pass at batch 32 reads far more than at batch 1.
+    moe_draft = model_spec("Qwen1.5-MoE-A2.7B")
+    assert forward_ms(moe_draft, g, batch=32, tokens_per_seq=1, context_len=112) > \
+        3 * forward_ms(moe_draft, g, batch=1, tokens_per_seq=1, context_len=112)
+
+
+def _tables_sha256() -> str:
+    h = hashlib.sha256()
+    for p in sorted((ROOT / "draftfit" / "data" / "calibration").glob("*.json")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def test_held_out_moe_prediction_is_committed_and_is_what_the_library_predicts():
+    rec = json.loads(PREDICTION.read_text())
+    pred = rec["prediction"]
+    assert (pred["target"], pred["draft"], pred["gpu"], pred["tp"], pred["alpha"]) == \
+        ("Qwen3-30B-A3B", "Qwen3-0.6B", "H200", 1, 0.8)
+    assert sorted(map(int, pred["batches"])) == [1, 8, 32, 128]
+    assert all(sorted(map(int, r["per_k"])) == [1, 2, 3, 4, 5, 6] for r in pred["batches"].values())
+    # Held out: no calibration table of the MoE target exists (it must stay out of every fit).
+    assert not any("Qwen3-30B-A3B" in p.name for p in (ROOT / "draftfit" / "data" / "calibration").glob("*.json"))
+    if rec["calibration_tables_sha256"] != _tables_sha256():
+        pytest.skip("calibration tables changed since the prediction was written; the file is the frozen record")
+    res = subprocess.run([sys.executable, "-m", "draftfit", *rec["command"].split()[1:]], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    now = json.loads(res.stdout)
+    for b, row in pred["batches"].items():
+        assert now["batches"][b]["best_k"] == row["best_k"]
+        for k, pk in row["per_k"].items():
+            assert now["batches"][b]["per_k"][k]["speedup"] == pytest.approx(pk["speedup"], rel=1e-9)

@@ -187,7 +187,8 @@ def _probe_draft(target: ModelSpec, drafts: list[ModelSpec]) -> ModelSpec | None
 def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int | None = None,
          workload: str = "chat", temperature: float = 0.0, batches: tuple[int, ...] = (1,), util: float = 0.9,
          max_model_len: int | None = None, extra_candidates: tuple[str, ...] = (), top: int | None = None,
-         vllm_version: str | None = None, quantization: str = "none", kv_cache_dtype: str = "auto") -> RankResult:
+         vllm_version: str | None = None, quantization: str = "none", kv_cache_dtype: str = "auto",
+         max_num_seqs: int | None = None) -> RankResult:
     t0 = time.perf_counter()
     target = target_name if isinstance(target_name, ModelSpec) else resolve_model(str(target_name))
     drafts: list[ModelSpec] = list(draft_candidates(target))
@@ -202,7 +203,7 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
     layout = build_layout(target, gpu=gpu_name, tp=tp, util=util, max_model_len=max_model_len, batches=batches,
                           workload=workload, temperature=temperature, vllm_version=vllm_version,
                           quantization=quantization, kv_cache_dtype=kv_cache_dtype,
-                          probe_draft=_probe_draft(target, drafts))
+                          probe_draft=_probe_draft(target, drafts), max_num_seqs=max_num_seqs)
     try:
         kv_alone = plan_memory(target, None, layout.gpu, tp=layout.tp, util=layout.util,
                                max_model_len=layout.max_model_len, quantization=layout.quantization,

@@ -223,3 +223,21 @@ def test_the_package_top_level_is_the_api():
     assert ev.decision.action == "speculate" and ev.speedup.source.startswith("calibrated")
     with pytest.raises(AttributeError):
         draftfit.no_such_name  # noqa: B018
+
+
+def test_quantization_and_max_num_seqs_reach_every_command():
+    def run(*args):
+        res = CliRunner().invoke(cli, [*args, "--json"])
+        assert res.exit_code in (0, 1), res.output
+        return json.loads(res.stdout)
+
+    base = ["speedup", "--target", "Llama-3.1-70B", "--draft", "Llama-3.2-1B", "--gpu", "H100-80GB", "--tp", "4",
+            "--alpha", "0.8", "--k", "4"]
+    bf16, fp8 = run(*base), run(*base, "--quantization", "fp8")
+    assert fp8["batches"]["1"]["base_step_ms"] < 0.7 * bf16["batches"]["1"]["base_step_ms"]  # half the weight bytes
+    pf = run("preflight", "Llama-3.1-70B", "Llama-3.2-1B", "--gpu", "H100-80GB", "--tp", "2", "--quantization", "fp8")
+    assert pf["max_model_len"] == 131072 and pf["exit_code"] in (0, 1)
+    rk = run("rank", "--target", "Llama-3.1-70B", "--gpu", "H100-80GB", "--tp", "2", "--max-num-seqs", "128")
+    assert rk["max_num_seqs"] == 128 and "--max-num-seqs 128" in rk["serve_command"]
+    res = CliRunner().invoke(cli, ["rank", "--target", "Llama-3.1-8B", "--max-num-seqs", "0"])
+    assert res.exit_code == 2 and "--max-num-seqs" in res.stderr

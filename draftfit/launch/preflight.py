@@ -58,7 +58,8 @@ class PreflightReport:
 
 def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None, tp: int = 1, k: int = 4,
               max_model_len: int | None = None, util: float = 0.9, batch: int = 1, workload: str = "chat",
-              temperature: float = 0.0, vllm_version: str | None = None) -> PreflightReport:
+              temperature: float = 0.0, vllm_version: str | None = None, quantization: str = "auto",
+              kv_cache_dtype: str = "auto") -> PreflightReport:
 
     report = PreflightReport(target=target_name, draft=draft_name, gpu=gpu_name, tp=tp, k=k)
     add = report.checks.append
@@ -88,7 +89,8 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
     try:
         layout = build_layout(target, gpu=gpu.name if gpu else None, tp=tp, util=util, max_model_len=max_model_len,
                               k=k, batches=(batch,), workload=workload, temperature=temperature,
-                              vllm_version=vllm_version, need_gpu=False, fit_context=False)
+                              vllm_version=vllm_version, need_gpu=False, fit_context=False,
+                              quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     except DraftfitError as exc:
         name = {"--tp": "TP divisibility", "--max-model-len": "max_model_len"}.get(exc.message.split(" ")[0], "layout")
         add(Check(name, FAIL, exc.message, exc.fix))

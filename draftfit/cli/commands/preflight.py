@@ -25,9 +25,13 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "red"}
 @click.option("--workload", type=click.Choice(["code", "math", "chat"]), default="chat", show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--vllm-version", default=None, help="Check against this vLLM version instead of the installed one.")
+@click.option("--quantization", default="auto", show_default=True,
+              help="Target weights: auto (the checkpoint's own), none, fp8, awq, gptq, bitsandbytes, mxfp4.")
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache dtype: auto or fp8.")
 @json_option
 @click.pass_context
-def preflight(ctx, target, draft, gpu, tp, k, max_model_len, util, batch, workload, temperature, vllm_version, as_json):
+def preflight(ctx, target, draft, gpu, tp, k, max_model_len, util, batch, workload, temperature, vllm_version,
+              quantization, kv_cache_dtype, as_json):
     """All checks for TARGET + DRAFT on a layout, each with a fix; exit code 0/1/2 for CI."""
 
     # Bad option values are one `error:` line (exit 2) like every command; the checks below judge the layout.
@@ -45,7 +49,8 @@ def preflight(ctx, target, draft, gpu, tp, k, max_model_len, util, batch, worklo
     check_vllm_version(vllm_version)
 
     rep = run(target, draft, gpu_name=gpu, tp=tp, k=k, max_model_len=max_model_len, util=util, batch=batch,
-              workload=workload, temperature=temperature, vllm_version=vllm_version)
+              workload=workload, temperature=temperature, vllm_version=vllm_version, quantization=quantization,
+              kv_cache_dtype=kv_cache_dtype)
     failed = [c for c in rep.checks if c.status == FAIL]
     error = fix = None
     if rep.exit_code == 2 and failed:

@@ -28,9 +28,11 @@ from draftfit.rank import rank as run_rank
 @click.option("--vllm-version", default=None, help="vLLM version the serve command is for (default: installed).")
 @click.option("--quantization", default="none", show_default=True, help="Target weights: none, fp8, awq or gptq.")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache dtype: auto or fp8.")
+@click.option("--max-num-seqs", type=int, default=None,
+              help="vLLM's max_num_seqs (default: vLLM's; draftfit lowers it only when nothing fits otherwise).")
 @json_option
 def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util, candidates, explain, vllm_version,
-         quantization, kv_cache_dtype, as_json):
+         quantization, kv_cache_dtype, max_num_seqs, as_json):
     """Rank catalog drafts for TARGET: tokenizer, memory, acceptance, best K, speedup, serve command."""
 
     target = check_name(target, "--target", fix="pass --target a catalog name, hub id or model folder")
@@ -47,7 +49,7 @@ def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util
     result = run_rank(target, gpu_name=gpu, tp=tp, workload=workload, temperature=temperature,
                       batches=parse_int_list(batch, "--batch"), util=util, max_model_len=max_model_len,
                       extra_candidates=extra, top=None if explain else top, vllm_version=vllm_version,
-                      quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+                      quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs)
     if explain:
         _explain(result, explain, as_json)
         return

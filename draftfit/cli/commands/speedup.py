@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
 from draftfit.errors import DraftfitError
@@ -12,10 +14,11 @@ from draftfit.speedup.predict import predict_speedup, simple_speedup
 from draftfit.acceptance.store import MeasurementStore
 from draftfit.speedup.correction import load_default
 from draftfit.catalog.specs import resolve_gpu, resolve_model
-from draftfit.layout import check_batches, check_float, check_int, check_k, check_tp, parse_float_list, parse_int_list
+from draftfit.layout import (KV_CACHE_DTYPES, check_batches, check_choice, check_float, check_int, check_k, check_quantization,
+                             check_tp, parse_float_list, parse_int_list)
 
 CLOSED_FORM_K_MAX = 16
-from draftfit.pipeline import vllm_verdict
+from draftfit.pipeline import resolve_drafter, vllm_verdict
 
 
 def _acceptance_from_run(run_id: int):
@@ -42,11 +45,15 @@ def _acceptance_from_run(run_id: int):
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel size.")
 @click.option("--batch", "batch_text", default="1", show_default=True, help="Batch sizes, e.g. 1,8,32,128.")
 @click.option("--context-len", type=int, default=1024, show_default=True, help="Mean context length in tokens.")
+@click.option("--quantization", default="auto", show_default=True,
+              help="Target weights: auto (the checkpoint's own), none, fp8, awq, gptq, bitsandbytes, mxfp4.")
+@click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache dtype: auto or fp8.")
 @click.option("--learned-correction", is_flag=True,
               help="Apply the learned correction of `draftfit fit` to the roofline (off: it has not beaten it).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of speedup vs K.")
 @json_option
-def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_text, context_len, learned_correction, plot_path,
+def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_text, context_len, quantization,
+            kv_cache_dtype, learned_correction, plot_path,
             as_json):
     """Expected speedup for a K, acceptance and step cost (Leviathan et al. 2023), or, with --target,
     --draft and --gpu, the predicted TPOT speedup per K and batch size from calibrated or roofline step costs.
@@ -90,7 +97,12 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
             raise DraftfitError("--c is for the closed form; with --target the step costs come from the GPU",
                                 fix="drop --c")
 
-        t_spec, d_spec = resolve_model(target), resolve_model(draft)
+        t_spec = resolve_model(target)
+        d_spec = resolve_drafter(t_spec, draft)
+        quant = check_quantization(t_spec, quantization)
+        if quant not in ("none", "auto") and quant != t_spec.quantization:  # the weight traffic the roofline reads
+            t_spec = dataclasses.replace(t_spec, quantization=quant)
+        check_choice(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype")
         resolve_gpu(gpu)
         check_tp(t_spec, tp)
         batches = list(check_batches(parse_int_list(batch_text, "--batch")))
@@ -100,7 +112,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         runs, why, fix = vllm_verdict(t_spec, d_spec, tp)
         if not runs:
             raise DraftfitError(f"{d_spec.name} cannot draft for {t_spec.name}: {why}", fix=fix, exit_code=1)
-        pred = predict_speedup(target, draft, gpu, tp=tp, acceptance=acceptance, batches=batches,
+        pred = predict_speedup(t_spec, d_spec, gpu, tp=tp, acceptance=acceptance, batches=batches,
                                k_values=ks, context_len=context_len,
                                correction=load_default() if learned_correction else None)
         pred.acceptance_source = acc_source

@@ -100,7 +100,8 @@ def _print_table(result) -> None:
                      c.speedup_basis or "-", verdict])
     title = (f"Drafts for {result.target.name} on {result.gpu.name} x{result.tp}, max_model_len "
              f"{result.layout.max_model_len}, {result.workload}, T={result.temperature:g}")
-    srcs = sorted({c.speedup_source for c in result.candidates if c.speedup_source and c.group == 0})
+    srcs = sorted({c.speedup_source for c in result.candidates
+                   if c.speedup_source and c.group == 0 and not c.speedup_source.startswith("not computed")})
     caption = "speedup: " + "; ".join(srcs) if srcs else None
     con.print(table(title, cols, rows, caption=caption))
     for i, (reason, names) in enumerate(footnotes.items(), 1):
@@ -110,7 +111,7 @@ def _print_table(result) -> None:
     con.print("[dim]rows are sorted by the low end of their speedup band (one basis for calibrated and prior "
               "rows)[/dim]", highlight=False)
     cites = sorted({(c.acceptance_source, c.acceptance_citation) for c in result.candidates
-                    if c.acceptance_source.startswith("prior") and c.acceptance_citation and c.group == 0})
+                    if c.acceptance_source.startswith(("prior", "replay")) and c.acceptance_citation and c.group == 0})
     for src, cit in cites:
         con.print(f"[dim]{src}: {cit}[/dim]", highlight=False)
     if result.serve_command:

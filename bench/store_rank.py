@@ -143,10 +143,11 @@ def main(argv=None) -> int:
     body = (f"`draftfit rank --target {TARGET}` as a fresh process (interpreter start included), "
             f"DRAFTFIT_STORE pointing at a store of N runs (5 catalog pairs and 5% unknown local models, 3 workloads, "
             f"T 0 / 0.7, K 1-8, per-position counts). Rank's store lookups read one precomputed per-process view "
-            f"(one query); the prior's fit (runs pooled per configuration, leave-one-out refits) is cached beside the "
+            f"(one query over the ranked workload's runs); the prior's fit (runs pooled per configuration, leave-one-out refits) is cached beside the "
             f"store keyed by a fingerprint of its inputs (store content version, shipped catalogs and reference runs, "
             f"the fitting code), so only the first rank after a new measurement pays the refit (the cache-miss "
-            f"column); cached and refitted output are identical. Each series: one warm-up, then {a.repeats} timed "
+            f"column, DRAFTFIT_PRIOR_CACHE=0: the code path before the cache); cached and refitted output are "
+            f"identical. Each series: one warm-up, then {a.repeats} timed "
             f"fresh processes.\n\n" + "\n".join(lines))
     if not a.no_write:
         write_doc(body)

@@ -19,7 +19,7 @@ from draftfit.catalog.specs import GpuSpec, ModelSpec, resolve_gpu, resolve_mode
 from draftfit.errors import DraftfitError
 from draftfit.memory.plan import plan_memory
 from draftfit.rules import K_MAX, TP_CHOICES, WORKLOADS
-from draftfit.vllm_version import installed_vllm_version, parse_version
+from draftfit.vllm_version import MODELLED, parse_version, resolve_vllm_version
 
 DEFAULT_GPU = "H100-80GB"
 DEFAULT_UTIL = 0.9
@@ -50,18 +50,24 @@ class Layout:
     dtype: str = "auto"
     quantization: str = "none"
     kv_cache_dtype: str = "auto"
-    vllm_version: str | None = None  # the version commands are written for; None: installed, else newest
+    vllm_version: str | None = None  # the version the user asked for (--vllm-version); None: not given
     notes: tuple[str, ...] = field(default_factory=tuple)  # what draftfit chose for the user and why
     context_given: bool = False  # the user passed --max-model-len
     tp_given: bool = False
     max_num_seqs: int | None = None  # None: vLLM's default for the GPU; set when draftfit had to lower it to fit
+    # The vLLM the numbers are for (given, else an installed GPU vLLM, else the newest modelled) and the modelled
+    # version whose memory accounting, step costs and serve flags stand for it (vllm_version.MODELLED).
+    vllm_version_used: str = MODELLED[-1]
+    vllm_modelled: str = MODELLED[-1]
 
     def to_dict(self) -> dict:
         return {"target": self.target.name, "target_hub_id": self.target.hub_id, "target_path": self.target.local_path,
                 "gpu": self.gpu.name if self.gpu else None, "tp": self.tp, "util": self.util,
                 "max_model_len": self.max_model_len, "batches": list(self.batches), "workload": self.workload,
                 "temperature": self.temperature, "k": self.k, "dtype": self.dtype, "quantization": self.quantization,
-                "kv_cache_dtype": self.kv_cache_dtype, "max_num_seqs": self.max_num_seqs, "vllm_version": self.vllm_version, "notes": list(self.notes)}
+                "kv_cache_dtype": self.kv_cache_dtype, "max_num_seqs": self.max_num_seqs, "vllm_version": self.vllm_version_used,
+                "vllm_version_given": self.vllm_version, "vllm_modelled": self.vllm_modelled,
+                "notes": list(self.notes)}
 
 
 # ----------------------------------------------------------------------------------------- validators
@@ -246,11 +252,11 @@ def check_context(target: ModelSpec, max_model_len) -> int:
 # ------------------------------------------------------------------------------------ TP and context
 
 def _fits(target, probe, gpu, tp, util, max_model_len, quantization, kv_cache_dtype,
-          max_num_seqs=None) -> tuple[bool, str]:
+          max_num_seqs=None, vllm_version=None) -> tuple[bool, str]:
     try:
         plan = plan_memory(target, probe, gpu, tp=tp, util=util, max_model_len=max_model_len,
                            quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
-                           num_speculative_tokens=4 if probe is not None else 0)
+                           num_speculative_tokens=4 if probe is not None else 0, vllm_version=vllm_version)
     except DraftfitError as exc:
         return False, exc.message
     return bool(plan.fits), plan.reason or ""
@@ -263,8 +269,8 @@ FALLBACK_MAX_NUM_SEQS = 256
 
 def choose_tp_and_context(target: ModelSpec, gpu: GpuSpec, *, tp: int | None, util: float, max_model_len: int | None,
                           probe_draft: ModelSpec | None = None, quantization: str = "none",
-                          kv_cache_dtype: str = "auto", max_num_seqs: int | None = None
-                          ) -> tuple[int, int, int | None, list[str]]:
+                          kv_cache_dtype: str = "auto", max_num_seqs: int | None = None,
+                          vllm_version: str | None = None) -> tuple[int, int, int | None, list[str]]:
     """(tp, max_model_len, max_num_seqs, notes). TP: the smallest that divides the heads and fits the target
     (with `probe_draft` beside it, when given) at the context asked for. When no TP does, the longest context
     that fits: the largest power of two (down to MIN_CONTEXT) at the given TP, or at the largest TP that
@@ -274,7 +280,8 @@ def choose_tp_and_context(target: ModelSpec, gpu: GpuSpec, *, tp: int | None, ut
     what = f"{target.name}" + (f" + {probe_draft.name}" if probe_draft is not None else "")
     last = ""
     for t in tps:
-        ok, why = _fits(target, probe_draft, gpu, t, util, wanted, quantization, kv_cache_dtype, max_num_seqs)
+        ok, why = _fits(target, probe_draft, gpu, t, util, wanted, quantization, kv_cache_dtype, max_num_seqs,
+                        vllm_version)
         if ok:
             notes = []
             if tp is None:
@@ -288,7 +295,8 @@ def choose_tp_and_context(target: ModelSpec, gpu: GpuSpec, *, tp: int | None, ut
     for seqs in seqs_options:
         length = 1 << (max(wanted - 1, 1).bit_length() - 1)  # the largest power of two below wanted
         while length >= MIN_CONTEXT:
-            ok, _ = _fits(target, probe_draft, gpu, t, util, length, quantization, kv_cache_dtype, seqs)
+            ok, _ = _fits(target, probe_draft, gpu, t, util, length, quantization, kv_cache_dtype, seqs,
+                          vllm_version)
             if ok:
                 extra = (f" with max_num_seqs {seqs} (the default leaves no KV cache beside the draft)"
                          if seqs != max_num_seqs else "")
@@ -334,6 +342,7 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
     quant = check_quantization(spec, quantization)
     kvd = check_choice(kv_cache_dtype or "auto", KV_CACHE_DTYPES, "--kv-cache-dtype")
     version = check_vllm_version(vllm_version)
+    used, modelled, version_note = resolve_vllm_version(version)
     if tp is not None:
         check_tp(spec, tp)
     if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
@@ -353,17 +362,15 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
         tp_v, context, seqs, chosen = choose_tp_and_context(spec, gpu_spec, tp=tp, util=util_v,
                                                             max_model_len=max_model_len, probe_draft=probe_draft,
                                                             quantization=quant, kv_cache_dtype=kvd,
-                                                            max_num_seqs=max_num_seqs)
+                                                            max_num_seqs=max_num_seqs, vllm_version=modelled)
         if not fit_context and max_model_len is not None:
             context = max_model_len  # preflight and memory judge the context asked for, as vLLM would
         notes += chosen
     else:
         tp_v, context, seqs = tp or 1, max_model_len or spec.max_position_embeddings or 4096, max_num_seqs
-    if version is None:
-        installed = installed_vllm_version()
-        if installed:
-            notes.append(f"vLLM {installed} (installed here)")
+    if version is None or version_note.startswith(f"vLLM {version} is not modelled"):
+        notes.append(version_note)  # which vLLM the numbers are for, and why (installed / newest / nearest)
     return Layout(target=spec, gpu=gpu_spec, tp=tp_v, util=util_v, max_model_len=context, batches=bs, workload=wl,
                   temperature=temp, k=k_v, dtype=dt, quantization=quant, kv_cache_dtype=kvd, vllm_version=version,
                   notes=tuple(notes), context_given=max_model_len is not None, tp_given=tp is not None,
-                  max_num_seqs=seqs)
+                  max_num_seqs=seqs, vllm_version_used=used, vllm_modelled=modelled)

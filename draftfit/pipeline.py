@@ -202,7 +202,8 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
             memory = plan_memory(target, None if d.method in NO_MODEL_METHODS else d, layout.gpu, tp=layout.tp, util=layout.util,
                                  max_model_len=layout.max_model_len, num_speculative_tokens=layout.k or PLAN_K,
                                  quantization=layout.quantization, kv_cache_dtype=layout.kv_cache_dtype,
-                                 dtype=layout.dtype, max_num_seqs=layout.max_num_seqs, strict=False)
+                                 dtype=layout.dtype, max_num_seqs=layout.max_num_seqs, strict=False,
+                                 vllm_version=layout.vllm_modelled)
             if not memory.fits:
                 # The fix in the options of draftfit's own commands (rank, preflight take it), vLLM's beside it.
                 first = memory.fixes[0] if memory.fixes else None
@@ -231,7 +232,8 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
     if runs and layout.gpu is not None:
         ks = (layout.k,) if layout.k else tuple(k_values)
         pred = predict_speedup(served_spec(layout), d, layout.gpu, tp=layout.tp, acceptance=est, batches=layout.batches,
-                               k_values=ks, context_len=min(layout.max_model_len, 1024))
+                               k_values=ks, context_len=min(layout.max_model_len, 1024),
+                               vllm_version=layout.vllm_modelled)
     decision = decide(layout, runs, why, vfix, memory, mem_err, mem_fix, pred)
     return PairEvaluation(layout=layout, draft=d, method=method_of(d), compat=compat, vllm_runs=runs, vllm_reason=why,
                           memory=memory, memory_error=mem_err, memory_fix=mem_fix, acceptance=est, speedup=pred,

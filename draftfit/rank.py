@@ -62,7 +62,7 @@ class Candidate:
     k_by_batch: dict[int, int] = field(default_factory=dict)  # the K each batch size runs
     speedup_basis: str = ""  # calibrated | roofline prior
     mix_speedup: float | None = None
-    mix_low: float | None = None  # what rows are sorted by: the low end of the band, averaged over batches
+    mix_low: float | None = None  # the low end of the band, averaged over batches (what the row can count on)
 
     def to_json(self) -> dict:
         return {
@@ -125,12 +125,13 @@ class RankResult:
         return {
             "target": lay.target.name, "target_hub_id": lay.target.hub_id, "gpu": lay.gpu.name, "tp": lay.tp,
             "max_model_len": lay.max_model_len, "max_num_seqs": lay.max_num_seqs, "util": lay.util, "workload": lay.workload,
-            "temperature": lay.temperature, "batches": list(lay.batches), "layout_notes": list(lay.notes),
+            "temperature": lay.temperature, "batches": list(lay.batches), "vllm_version": lay.vllm_version_used,
+            "vllm_modelled": lay.vllm_modelled, "layout_notes": list(lay.notes),
             "gpu_note": next((n for n in lay.notes if n.startswith("GPU not given")), ""),
             "tp_note": next((n for n in lay.notes if n.startswith("TP=")), f"TP={lay.tp} (given)" if lay.tp_given else ""),
             "candidates": [c.to_json() for c in self.candidates], "winner": self.winner,
             "serve_command": self.serve_command, "notes": self.notes,
-            "sorted_by": "mix_low: the low end of each row's speedup band, averaged over the batch sizes",
+            "sorted_by": "mix_speedup: the predicted speedup averaged over the batch sizes, each at the K it runs",
         }
 
 
@@ -207,16 +208,18 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
     try:
         kv_alone = plan_memory(target, None, layout.gpu, tp=layout.tp, util=layout.util,
                                max_model_len=layout.max_model_len, quantization=layout.quantization,
-                               kv_cache_dtype=layout.kv_cache_dtype, max_num_seqs=layout.max_num_seqs).kv_tokens
+                               kv_cache_dtype=layout.kv_cache_dtype, max_num_seqs=layout.max_num_seqs,
+                               vllm_version=layout.vllm_modelled).kv_tokens
     except DraftfitError:
         kv_alone = None
     evals = [evaluate_pair(layout, d) for d in drafts]
     cands = [candidate_from(ev, kv_alone) for ev in evals]
 
     def key(c: Candidate):
-        # One basis for every row: the low end of its band, so a roofline estimate with a wide band does not
-        # outrank a calibrated measurement with the same central value.
-        return (c.group, -(c.mix_low if c.mix_low is not None else -1.0), -(c.acceptance or 0.0), c.params_b)
+        # The predicted speedup averaged over the user's batch sizes, at the K each batch runs. Rows whose step
+        # costs rest on different bases (calibrated tables vs the roofline prior) say so in `speedup_basis`
+        # and a note; their bands (±6-45 % calibrated, ±16/46 % prior) are what to compare when they are close.
+        return (c.group, -(c.mix_speedup if c.mix_speedup is not None else -1.0), -(c.acceptance or 0.0), c.params_b)
 
     order = sorted(range(len(cands)), key=lambda i: key(cands[i]))
     cands = [cands[i] for i in order]
@@ -236,8 +239,8 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
         notes.append(ignored)
     bases = {c.speedup_basis for c in cands if c.speedup_basis}
     if len(bases) > 1:
-        notes.append("rows mix calibrated step costs (measured on this GPU) with roofline-prior ones; rows are "
-                     "sorted by the low end of their band, which is wider for the prior")
+        notes.append("rows mix calibrated step costs (measured on this GPU and vLLM) with roofline-prior ones "
+                     "(the basis column); the prior's band is wider, so compare bands where central values are close")
     winner = cands[winner_i].draft if winner_i is not None else None
     if top is not None:
         if top < 1:

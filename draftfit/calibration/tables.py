@@ -31,6 +31,7 @@ from draftfit.calibration import worker as calibrate_worker
 from draftfit.calibration.drain import batch_share, drain, steady_step_ms
 from draftfit.catalog.specs import ModelSpec, resolve_model
 from draftfit.acceptance.store import MeasurementStore
+from draftfit.vllm_version import MODELLED, modelled_version
 
 CALIBRATION_DIR = DATA_DIR / "calibration"
 CONFIGS_DIR = CALIBRATION_DIR / "configs"
@@ -204,6 +205,9 @@ def write_campaign_configs(names=None, root: Path = CONFIGS_DIR) -> list[Path]:
 # The floor of a table's step band: what two engine starts of the quiet 32B pair differed by (at most 6 %).
 CALIBRATED_UNCERTAINTY = 0.06
 DEFAULT_ACCEPTANCE = 0.8  # the campaign's main synthetic rate; other rates get their own table file
+# Step-cost tables are keyed by the vLLM they were measured on: a file without a `__v<major.minor>` suffix (and a
+# table without a vllm_version) is vLLM 0.26's, the version every shipped table was measured with.
+DEFAULT_TABLE_VLLM = MODELLED[0]
 
 
 @dataclass
@@ -228,6 +232,11 @@ class CalibrationTable:
         d.pop("path")
         d["schema"] = 1
         return d
+
+    @property
+    def modelled_vllm(self) -> str:
+        """The modelled vLLM this table stands for (vllm_version.MODELLED; 0.26 when it names none)."""
+        return modelled_version(self.vllm_version)[0] if self.vllm_version else DEFAULT_TABLE_VLLM
 
     @property
     def configuration(self) -> str:
@@ -331,9 +340,12 @@ def gpu_key(gpu_name: str) -> str:
     return slug(name) or "unknown"
 
 
-def table_filename(target: str, draft: str, gpu: str, tp: int, acceptance: float = DEFAULT_ACCEPTANCE) -> str:
+def table_filename(target: str, draft: str, gpu: str, tp: int, acceptance: float = DEFAULT_ACCEPTANCE,
+                   vllm_version: str | None = None) -> str:
     rate = "" if float(acceptance) == DEFAULT_ACCEPTANCE else f"__a{float(acceptance):g}"
-    return f"{slug(target)}__{slug(draft)}__{slug(gpu)}__tp{tp}{rate}.json"
+    modelled = modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
+    ver = "" if modelled == DEFAULT_TABLE_VLLM else f"__v{modelled}"
+    return f"{slug(target)}__{slug(draft)}__{slug(gpu)}__tp{tp}{rate}{ver}.json"
 
 
 def load_table(path: Path) -> CalibrationTable:
@@ -367,12 +379,19 @@ def load_tables(directory: Path | None = None) -> list[CalibrationTable]:
     return list(out)
 
 
-def find_tables(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None) -> list:
+def find_tables(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None,
+                vllm_version: str | None = None) -> list:
     """Every calibration table of this layout (one per synthetic rate), the richest first: the most
-    (K, batch) rows, the main rate on a tie. Names and GPUs match loosely."""
+    (K, batch) rows, the main rate on a tie. Names and GPUs match loosely. With `vllm_version`, only that
+    modelled version's tables when it has any, else the others (the caller widens the band: see
+    speedup.stepcost UNCALIBRATED_VERSION_BAND_FACTOR)."""
     hits = [t for t in load_tables(directory)
             if (_norm(t.target) == _norm(target) and _norm(t.draft) == _norm(draft) and int(t.tp) == int(tp)
                 and (_norm(t.gpu) in _norm(gpu) or _norm(gpu) in _norm(t.gpu)))]
+    if vllm_version:
+        wanted = modelled_version(vllm_version)[0]
+        same = [t for t in hits if t.modelled_vllm == wanted]
+        hits = same or hits
     return sorted(hits, key=lambda t: (sum(len(rows) for rows in t.spec.values()),
                                        float(t.acceptance) == DEFAULT_ACCEPTANCE), reverse=True)
 
@@ -546,7 +565,8 @@ def _shape(name: str) -> dict:
 def write_table(table: CalibrationTable, directory: Path | None = None) -> Path:
     directory = Path(directory or CALIBRATION_DIR)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / table_filename(table.target, table.draft, table.gpu, table.tp, table.acceptance)
+    path = directory / table_filename(table.target, table.draft, table.gpu, table.tp, table.acceptance,
+                                      table.vllm_version or None)
     if path.exists():  # merge: a later campaign may add K values or batch sizes
         old = load_table(path)
         for b, row in old.baseline.items():

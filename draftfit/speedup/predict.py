@@ -99,6 +99,8 @@ class SpeedupPrediction:
     # The key names every command's JSON shares for the same things (rank's candidates, serve-cmd, preflight).
     k: int | None = None  # = recommended_k
     decision: str = ""  # = verdict: speculate | don't
+    step_cost_vllm: str = ""  # the vLLM version(s) whose step-cost tables the step costs come from
+    vllm_version: str = ""  # the vLLM asked for ("" when none was); the band is widened when it has no tables
 
 
 def _acceptance_parts(acceptance):
@@ -156,7 +158,8 @@ def k_schedule(best_by_batch: dict) -> list | None:
 
 
 def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,), k_values=range(1, 9),
-                    context_len: int = 1024, calibration_dir=None, correction=None) -> SpeedupPrediction:
+                    context_len: int = 1024, calibration_dir=None, correction=None,
+                    vllm_version: str | None = None) -> SpeedupPrediction:
     """Predicted TPOT speedup for each K and batch size, best K per batch, band, verdict and K schedule.
     correction: an optional learned correction (speedup.correction.load_default()), passed in by the caller;
     off by default because cross-validation has not shown it beating the roofline (docs/benchmarks.md)."""
@@ -168,7 +171,7 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         raise DraftfitError("batch sizes must be 1 or more", fix="e.g. --batch 1,8,32")
     acc, alpha, acc_lo, acc_hi, acc_src = _acceptance_parts(acceptance)
     model = step_cost_model(target, draft, gpu, batches=batches, k_values=ks, tp=tp, context_len=context_len,
-                            calibration_dir=calibration_dir)
+                            calibration_dir=calibration_dir, vllm_version=vllm_version)
     # The richest table the step costs came from: its measured speedups are shown beside the predictions.
     table = model.tables[0] if model.source.startswith("calibrated") and model.tables else None
     out: dict = {}
@@ -220,4 +223,4 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         acceptance_curve=extend_curve(acc, max(ks)) if isinstance(acc, list) else [alpha ** (i + 1) for i in range(max(ks))],
         acceptance_source=acc_src, batches=out, source=model.source, verdict=verdict, recommended_k=recommended,
         k_schedule=schedule, notes=notes, corrected_by=corrected_by, context_len=context_len, k=recommended,
-        decision=verdict)
+        decision=verdict, step_cost_vllm=model.vllm_version, vllm_version=vllm_version or "")

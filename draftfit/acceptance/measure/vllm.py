@@ -288,8 +288,11 @@ def _clip(line: str) -> str:
     return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."
 
 
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")  # vLLM prefixes a worker's traceback lines with its rank
+
+
 def _last_error(log: str) -> str:
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    lines = [_RANK_PREFIX.sub("", ln.strip()) for ln in log.splitlines() if ln.strip()]
     raised = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
     if raised:
         return _clip(raised[-1])

@@ -8,8 +8,9 @@ from draftfit.cli.render import json_option
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.cli.render import console, emit_json, table
 from draftfit.layout import (DTYPES, MAX_BATCH, check_context, check_float, check_int, check_k, check_name,
-                             check_choice, check_tp, check_util)
+                             check_choice, check_tp, check_util, check_vllm_version)
 from draftfit.memory.plan import plan_memory, plan_memory_cpu
+from draftfit.vllm_version import resolve_vllm_version
 
 MAX_BATCHED_TOKENS = 2**24  # far above any chunked-prefill budget vLLM is run with
 MAX_CPU_KVCACHE_GIB = 4096.0
@@ -31,11 +32,13 @@ MAX_CPU_KVCACHE_GIB = 4096.0
 @click.option("-k", "--num-speculative-tokens", type=int, default=4, show_default=True)
 @click.option("--entrypoint", type=click.Choice(["serve", "llm"]), default="serve", show_default=True,
               help="Which vLLM defaults apply: `vllm serve` or the offline LLM class.")
+@click.option("--vllm-version", default=None,
+              help="vLLM whose accounting to follow (default: the installed GPU vLLM, else the newest modelled).")
 @click.option("--kvcache-space", type=float, default=1, show_default=True,
               help="VLLM_CPU_KVCACHE_SPACE in GiB (with --gpu cpu).")
 @json_option
 def memory(target, draft, gpus, tp, util, max_model_len, dtype, kv_cache_dtype, quantization, max_num_seqs,
-           max_num_batched_tokens, num_speculative_tokens, entrypoint, kvcache_space, as_json):
+           max_num_batched_tokens, num_speculative_tokens, entrypoint, vllm_version, kvcache_space, as_json):
     """Weights, activation, CUDA graphs and KV cache per GPU, as vLLM sizes them (an estimate).
 
     \b
@@ -52,6 +55,7 @@ def memory(target, draft, gpus, tp, util, max_model_len, dtype, kv_cache_dtype, 
         check_int(max_num_batched_tokens, "--max-num-batched-tokens", 1, MAX_BATCHED_TOKENS,
                   fix="e.g. --max-num-batched-tokens 8192")
     check_k(num_speculative_tokens, "--num-speculative-tokens")
+    used, modelled, version_note = resolve_vllm_version(check_vllm_version(vllm_version))
     check_float(kvcache_space, "--kvcache-space", 0, MAX_CPU_KVCACHE_GIB, lo_open=True,
                 fix="pass --kvcache-space in GiB, e.g. 4")
     for g in gpus:
@@ -78,7 +82,9 @@ def memory(target, draft, gpus, tp, util, max_model_len, dtype, kv_cache_dtype, 
                                  kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens,
                                  num_speculative_tokens=num_speculative_tokens if d else 0, entrypoint=entrypoint,
-                                 strict=len(gpus) == 1))
+                                 strict=len(gpus) == 1, vllm_version=modelled))
+        if version_note and version_note not in plans[-1].notes:
+            plans[-1].notes.insert(0, version_note)
     if as_json:
         emit_json([p.to_dict() for p in plans] if len(plans) > 1 else plans[0].to_dict())
         return
@@ -95,7 +101,9 @@ def _table(p):
         ["draft weights", f"{p.draft_weights_gib:.2f} GiB" if p.draft else "-", "shapes" if p.draft else ""],
     ]
     if p.backend == "gpu":
+        why = next((n for n in p.notes if n.startswith("vLLM ")), "the version given")
         rows += [
+            ["vLLM accounting", p.vllm_version, why],
             ["requested (util x total)", f"{p.requested_gib:.2f} GiB", f"util {p.util}"],
             ["peak activation", f"{p.peak_activation_gib:.2f} GiB",
              f"{est}: profile run, {p.max_num_batched_tokens} tokens, {p.max_num_seqs} seqs"],

@@ -108,8 +108,8 @@ def _print_table(result) -> None:
         con.print(f"[{i}] {', '.join(names)}: {reason}", highlight=False, markup=False)
     for line in result.layout.notes:
         con.print(line, style="dim", highlight=False, markup=False)
-    con.print("[dim]rows are sorted by the low end of their speedup band (one basis for calibrated and prior "
-              "rows)[/dim]", highlight=False)
+    con.print("[dim]rows are sorted by predicted speedup over the batch sizes asked for; `basis` says which rest "
+              "on measured step costs (calibrated) and which on the roofline prior (wider band)[/dim]", highlight=False)
     cites = sorted({(c.acceptance_source, c.acceptance_citation) for c in result.candidates
                     if c.acceptance_source.startswith(("prior", "replay")) and c.acceptance_citation and c.group == 0})
     for src, cit in cites:

@@ -15,7 +15,8 @@ from draftfit.acceptance.store import MeasurementStore
 from draftfit.speedup.correction import load_default
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.layout import (KV_CACHE_DTYPES, check_batches, check_choice, check_float, check_int, check_k, check_quantization,
-                             check_tp, parse_float_list, parse_int_list)
+                             check_tp, check_vllm_version, parse_float_list, parse_int_list)
+from draftfit.vllm_version import resolve_vllm_version
 
 CLOSED_FORM_K_MAX = 16
 from draftfit.pipeline import resolve_drafter, vllm_verdict
@@ -50,10 +51,13 @@ def _acceptance_from_run(run_id: int):
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache dtype: auto or fp8.")
 @click.option("--learned-correction", is_flag=True,
               help="Apply the learned correction of `draftfit fit` to the roofline (off: it has not beaten it).")
+@click.option("--vllm-version", default=None,
+              help="vLLM whose step-cost tables to use (default: the installed GPU vLLM, else the newest modelled); "
+                   "the band is widened where that version has none.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of speedup vs K.")
 @json_option
 def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_text, context_len, quantization,
-            kv_cache_dtype, learned_correction, plot_path,
+            kv_cache_dtype, learned_correction, vllm_version, plot_path,
             as_json):
     """Expected speedup for a K, acceptance and step cost (Leviathan et al. 2023), or, with --target,
     --draft and --gpu, the predicted TPOT speedup per K and batch size from calibrated or roofline step costs.
@@ -88,6 +92,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         acceptance, acc_source = (curve or a), f"run {run_id}"
     if acceptance is None:
         raise DraftfitError("no acceptance given", fix="pass --alpha, --acceptance-curve or --run")
+    version_given = check_vllm_version(vllm_version)
 
     if target or draft or gpu:
         if not (target and draft and gpu):
@@ -109,13 +114,16 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         ks = [check_k(k) for k in parse_int_list(k_text, "--k")] if k_text is not None else list(range(1, 9))
         check_int(context_len, "--context-len", 1, t_spec.max_position_embeddings or 10**7,
                   fix=f"pass --context-len up to {t_spec.name}'s {t_spec.max_position_embeddings or 10**7} positions")
-        runs, why, fix = vllm_verdict(t_spec, d_spec, tp)
+        used, modelled, version_note = resolve_vllm_version(version_given)
+        runs, why, fix = vllm_verdict(t_spec, d_spec, tp, used)
         if not runs:
             raise DraftfitError(f"{d_spec.name} cannot draft for {t_spec.name}: {why}", fix=fix, exit_code=1)
         pred = predict_speedup(t_spec, d_spec, gpu, tp=tp, acceptance=acceptance, batches=batches,
                                k_values=ks, context_len=context_len,
-                               correction=load_default() if learned_correction else None)
+                               correction=load_default() if learned_correction else None, vllm_version=modelled)
         pred.acceptance_source = acc_source
+        pred.vllm_version = used
+        pred.notes.insert(0, version_note)
         if plot_path:
             plot_prediction(pred, plot_path)
         if as_json:

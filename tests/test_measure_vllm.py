@@ -303,3 +303,42 @@ def test_kill_9_of_measure_while_its_engine_runs_leaves_the_store_consistent(tmp
     out = subprocess.run([*_measure_cmd(store)[:3], "runs", "list", "--store", str(store), "--json"],
                          capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout) == rows
+
+
+PROMPTS_FILE_ROWS = [
+    {"prompt": "def quicksort(arr):\n    \"\"\"Sort a list with quicksort.\"\"\"\n"},
+    {"messages": [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}]},
+    {"custom_id": "r3", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"messages": [{"role": "user", "content": "Refactor: for i in range(len(xs)): print(xs[i])"}]}},
+]
+
+
+@NEEDS_PAIR
+@pytest.mark.vllm
+def test_ngram_on_the_users_own_prompts_through_real_vllm(tmp_path):
+    """`draftfit measure TARGET ngram --prompts-file F`: both row kinds, vLLM's own counters, the file's hash in
+    the provenance, and rank then uses the measured run for the n-gram row."""
+    pytest.importorskip("vllm")
+    from click.testing import CliRunner
+
+    from draftfit.acceptance.store import MeasurementStore
+    from draftfit.cli import cli
+
+    f = tmp_path / "traffic.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in PROMPTS_FILE_ROWS) + "\n")
+    store = tmp_path / "m.sqlite"
+    res = CliRunner().invoke(cli, ["measure", TARGET, "ngram", "--prompts-file", str(f), "--k", "4",
+                                   "--max-tokens", "32", "--store", str(store), "--json"])
+    assert res.exit_code == 0, res.output
+    run = json.loads(res.stdout)[0]
+    assert run["draft"] == "ngram" and run["k"] == 4 and len(run["per_position"]) == 4
+    assert 0 <= run["acceptance_rate"] <= 1 and run["mean_acceptance_length"] >= 1
+    pp = run["counts"]["per_position_accepted"]
+    assert all(a >= b for a, b in zip(pp, pp[1:])) and run["counts"]["num_accepted"] == sum(pp)
+    with MeasurementStore(store) as s:
+        row = s.runs()[0]
+    assert row["prompt_set_hash"].startswith("file:") and row["num_prompts"] == 3
+    # a malformed row is one line naming its line number, before any engine starts
+    f.write_text(json.dumps(PROMPTS_FILE_ROWS[0]) + "\n{oops\n")
+    bad = CliRunner().invoke(cli, ["measure", TARGET, "ngram", "--prompts-file", str(f), "--store", str(store)])
+    assert bad.exit_code == 2 and "line 2 is not JSON" in bad.stderr

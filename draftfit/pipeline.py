@@ -12,7 +12,7 @@ from draftfit.acceptance.method_prior import method_acceptance
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, method_drafter, resolve_model
 from draftfit.compat.tokenizers import CompatReport, catalog_verdict, check_pair
 from draftfit.errors import DraftfitError
-from draftfit.launch.serve import ServeCommand, serve_command
+from draftfit.launch.serve import ServeCommand, serve_command, speculative_method
 from draftfit.layout import Layout
 from draftfit.memory.plan import ONLINE_QUANTIZATIONS, MemoryPlan, kv_cache_groups, plan_memory
 from draftfit.rules import K_VALUES, NO_SPECULATION_BELOW, PLAN_K, best_k, best_k_for_mix, worth_speculating
@@ -69,11 +69,8 @@ class PairEvaluation:
 
 
 def method_of(draft: ModelSpec) -> str:
-    if draft.method in NO_MODEL_METHODS:
-        return draft.method
-    if draft.is_mtp:
-        return "mtp"
-    return "eagle3" if draft.method.startswith("eagle3") else ("eagle" if draft.is_eagle else "draft_model")
+    """vLLM's speculative method for the drafter: the serve command's rule, the one home of it."""
+    return speculative_method(draft)
 
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from draftfit.errors import DraftfitError
+
 
 def to_jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -47,6 +49,15 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]], caption:
     for row in rows:
         t.add_row(*["" if v is None else str(v) for v in row])
     return t
+
+
+def write_text_file(path: str, text: str, *, option: str = "--output", fix: str = "pass a writable file path") -> None:
+    """Write a command's output file, or one error line naming the option (never a traceback)."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise DraftfitError(f"cannot write {option} {path}: {exc.strerror or exc}", fix=fix) from None
 
 
 def json_option(f):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from draftfit.cli.render import emit_json, json_option
+from draftfit.cli.render import emit_json, json_option, write_text_file
 from draftfit.errors import DraftfitError
 from draftfit.layout import build_layout, check_model_folder, check_output_file
 from draftfit.pipeline import command_for, evaluate_pair
@@ -127,12 +127,7 @@ def launch_script(target, draft, k, tp, gpu, vllm_version, engine, max_model_len
     if output == "-":
         click.echo(text)
         return
-    try:
-        with open(output, "w") as f:
-            f.write(text)
-    except OSError as exc:
-        raise DraftfitError(f"cannot write --output {output}: {exc.strerror or exc}",
-                            fix="pass --output a writable file path, or - for stdout") from None
+    write_text_file(output, text, fix="pass --output a writable file path, or - for stdout")
     os.chmod(output, os.stat(output).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     click.echo(f"wrote {output}: preflight, start ({cmd.engine}), /health wait, warm-up, acceptance readout")
     for n in cmd.notes:

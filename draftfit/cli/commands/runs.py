@@ -10,7 +10,7 @@ import click
 
 from draftfit.errors import DraftfitError
 from draftfit.layout import check_int, check_output_file
-from draftfit.cli.render import json_option
+from draftfit.cli.render import json_option, write_text_file
 from draftfit.acceptance.store import MeasurementStore, result_from_row
 from draftfit.cli.render import console, emit_json, table
 
@@ -114,11 +114,6 @@ def export(fmt, output, store_path):
                         for c in CSV_COLUMNS])
         text = buf.getvalue()
     if output:
-        try:
-            with open(output, "w") as f:
-                f.write(text)
-        except OSError as exc:
-            raise DraftfitError(f"cannot write --output {output}: {exc.strerror or exc}",
-                                fix="pass --output a writable file path") from None
+        write_text_file(output, text)
     else:
         click.echo(text, nl=False)

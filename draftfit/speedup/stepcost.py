@@ -509,6 +509,9 @@ def calibration_points(tables, *, overheads: dict | None = None):
 _FITTED: dict | None = None
 
 
+_FITTED_BY_TABLES: dict = {}
+
+
 def fitted_overheads(calibration_dir=None, tables=None) -> dict:
     """The prior's overhead constants refitted on calibration tables (all of them, or `tables`), by least
     squares on measured minus roofline step costs, relative to the measured step (the error that matters is
@@ -527,8 +530,12 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
     if _FITTED is not None and default:
         return _FITTED
     if tables is None:
-
         tables = load_tables(calibration_dir)
+    # load_tables keeps the parsed tables while their files are unchanged, so their identities key the fit: rank
+    # asks once per candidate and must not refit 150 points each time.
+    key = tuple(id(t) for t in tables)
+    if key in _FITTED_BY_TABLES:
+        return _FITTED_BY_TABLES[key][1]
     plain_rows, plain_gaps, samples = [], [], []
     seen_base = set()
     for pt in calibration_points(tables, overheads=ZERO_OVERHEADS):
@@ -551,6 +558,7 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
         out.update(_fit_spec_terms(samples, {t: out[t] for t in HOST_TERMS}))
     if default:
         _FITTED = out
+    _FITTED_BY_TABLES[key] = (list(tables), out)  # the tables are held so their ids stay theirs
     return out
 
 

@@ -439,6 +439,8 @@ def preregistered(tables, folder: Path = PREDICTIONS) -> list[dict]:
     out = []
     for path in sorted(folder.glob("*.json")):
         rec = json.loads(path.read_text())
+        if "prediction" not in rec:  # a memory pre-registration (e.g. the sliding-window one): not a speedup
+            continue
         pred = rec["prediction"]
         alpha = pred.get("alpha")
         table = next((t for t in tables if (t.target, t.draft, t.gpu, t.tp) == (pred["target"], pred["draft"],

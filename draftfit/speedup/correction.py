@@ -37,7 +37,7 @@ from pathlib import Path
 from draftfit.errors import DraftfitError, require
 from draftfit.paths import DATA_DIR
 from draftfit.acceptance.curve import expected_tokens_per_step, extend_curve
-from draftfit.rules import NO_SPECULATION_BELOW
+from draftfit.rules import NO_SPECULATION_BELOW, best_k
 from draftfit.calibration.tables import load_tables
 from draftfit.speedup.stepcost import calibration_points, fitted_overheads, gpu_spec, graph_miss, model_spec, prior_step_cost
 
@@ -316,7 +316,7 @@ def _apply(pred, out: dict, model, acc, tp: int, notes: list) -> str | None:
                 row = bp.per_k[k]
                 for key in ("speedup", "low", "high"):
                     row[key] *= f
-            best = max(bp.per_k, key=lambda k: bp.per_k[k]["speedup"])
+            best = best_k({k: row["speedup"] for k, row in bp.per_k.items()})
             s = bp.per_k[best]["speedup"]
             if s >= NO_SPECULATION_BELOW:
                 bp.best_k, bp.speedup, bp.low, bp.high, bp.verdict = best, s, bp.per_k[best]["low"], \

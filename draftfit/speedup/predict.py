@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from draftfit.acceptance.curve import _check_alpha, _check_curve, expected_tokens_per_step, extend_curve
 from draftfit.errors import DraftfitError
-from draftfit.rules import NO_SPECULATION_BELOW
+from draftfit.rules import NO_SPECULATION_BELOW, best_k
 from draftfit.speedup.stepcost import step_cost_model
 
 LEVIATHAN = "Leviathan et al. 2023, arXiv:2211.17192, eq. 1 and Thm 3.8"
@@ -185,7 +185,7 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
             per_k[k] = {"speedup": e * ratio, "low": e_lo * ratio * (1 - band),
                         "high": e_hi * ratio * (1 + band), "expected_tokens_per_step": e,
                         "spec_step_ms": sc.spec_step_ms[k], "tpot_ms": sc.spec_step_ms[k] / e}
-        best = max(ks, key=lambda k: per_k[k]["speedup"])
+        best = best_k({k: per_k[k]["speedup"] for k in ks})
         best_s = per_k[best]["speedup"]
         speculate = best_s >= NO_SPECULATION_BELOW
         measured = {}

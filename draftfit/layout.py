@@ -312,7 +312,7 @@ def choose_tp_and_context(target: ModelSpec, gpu: GpuSpec, *, tp: int | None, ut
 def check_quantization(spec: ModelSpec, quantization) -> str:
     """The weight format the layout is sized and served with: the one asked for, else the checkpoint's own
     ("none" when it has none). vLLM refuses a --quantization that differs from a quantized checkpoint's."""
-    asked = check_choice(quantization or "auto", QUANTIZATIONS, "--quantization")
+    asked = check_choice("auto" if quantization is None else quantization, QUANTIZATIONS, "--quantization")
     own = spec.quantization
     if asked in ("auto", "none"):
         return own or "none"

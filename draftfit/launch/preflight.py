@@ -13,6 +13,7 @@ from draftfit.errors import DraftfitError
 from draftfit.catalog.specs import NO_MODEL_METHODS, resolve_gpu, resolve_model
 from draftfit.launch.serve import V1_DRAFT_MODEL_SINCE
 from draftfit.layout import build_layout
+from draftfit.memory.plan import GPU_VERSION_RULES
 from draftfit.pipeline import evaluate_pair, resolve_drafter
 from draftfit.rules import best_k, worth_speculating
 from draftfit.vllm_version import installed_vllm_version, parse_version
@@ -39,6 +40,8 @@ class PreflightReport:
     checks: list[Check] = field(default_factory=list)
     max_model_len: int | None = None  # the context the checks assumed
     decision: str = ""  # the pipeline's verdict on the pair: speculate | don't | incompatible | does not fit
+    vllm_version: str = ""  # the vLLM the memory and step-cost checks are for (Layout.vllm_version_used)
+    vllm_modelled: str = ""  # the modelled version standing for it (vllm_version.MODELLED)
 
     @property
     def exit_code(self) -> int:
@@ -53,6 +56,7 @@ class PreflightReport:
     def to_json(self) -> dict:
         return {"target": self.target, "draft": self.draft, "gpu": self.gpu, "tp": self.tp, "k": self.k,
                 "max_model_len": self.max_model_len, "decision": self.decision, "exit_code": self.exit_code, "summary": self.summary,
+                "vllm_version": self.vllm_version, "vllm_modelled": self.vllm_modelled,
                 "checks": [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix} for c in self.checks]}
 
 
@@ -98,6 +102,7 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
     ev = evaluate_pair(layout, draft)
     rep, dec = ev.compat, ev.decision
     report.max_model_len, report.decision = layout.max_model_len, dec.action
+    report.vllm_version, report.vllm_modelled = layout.vllm_version_used, layout.vllm_modelled
 
     # 2-3. tokenizer and what vLLM does with the pair
     first = "; ".join(n for n in rep.notes[:3])
@@ -141,7 +146,8 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
     else:
         detail = (f"weights {plan.weights_gib:.1f} GiB/rank (draft {plan.draft_weights_gib:.2f}), KV {plan.kv_tokens:,} "
                   f"tokens (draft takes {plan.draft_pool_share * 100:.0f}%), max concurrency "
-                  f"{plan.max_concurrency:.1f} at {plan.max_model_len} tokens, headroom {plan.headroom_gib:.1f} GiB")
+                  f"{plan.max_concurrency:.1f} at {plan.max_model_len} tokens, headroom {plan.headroom_gib:.1f} GiB"
+                  f" (vLLM {layout.vllm_modelled} accounting)")
         if not plan.fits:
             add(Check("memory fit", FAIL, f"does not fit: {plan.reason}", plan.fix))
         elif plan.headroom_gib < HEADROOM_WARN_GIB:
@@ -152,7 +158,15 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
 
     # 7. context length
     mml = layout.max_model_len
-    if draft.max_position_embeddings and not draft.is_eagle and mml > draft.max_position_embeddings:
+    lowers = GPU_VERSION_RULES[layout.vllm_modelled].draft_len_lowers_target
+    if (lowers and draft.max_position_embeddings and not draft.is_eagle and mml > draft.max_position_embeddings
+            and mml <= (target.max_position_embeddings or mml)):
+        # vLLM 0.33 (config/vllm.py _limit_max_model_len_to_draft) starts, with a warning, at the draft's length.
+        add(Check("max_model_len", WARN,
+                  f"{mml} > draft max_position_embeddings {draft.max_position_embeddings}: vLLM "
+                  f"{layout.vllm_modelled} lowers max_model_len to {draft.max_position_embeddings} at start-up",
+                  f"--max-model-len {draft.max_position_embeddings}, or a draft with the target's context"))
+    elif draft.max_position_embeddings and not draft.is_eagle and mml > draft.max_position_embeddings:
         add(Check("max_model_len", WARN if not max_model_len else FAIL,
                   f"{mml} > draft max_position_embeddings {draft.max_position_embeddings}: vLLM cannot draft past the "
                   "draft's context", f"--max-model-len {draft.max_position_embeddings}"))

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from draftfit.acceptance.method_prior import NGRAM_LOOKUP
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, resolve_model
 from draftfit.errors import DraftfitError
-from draftfit.launch.flags import keep_known
-from draftfit.vllm_version import MODELLED, installed_vllm_dist, installed_vllm_version, parse_version
+from draftfit.launch.flags import checked_version, keep_known
+from draftfit.vllm_version import MODELLED, installed_vllm_dist, installed_vllm_version, modelled_version, parse_version
 
 V1_DRAFT_MODEL_SINCE = (0, 15)
 SPEC_CONFIG_SINCE = (0, 8)
@@ -34,6 +34,7 @@ class ServeCommand:
     notes: list[str] = field(default_factory=list)
     vllm_version: str = ""
     speculative_config: dict | None = None
+    flags_vllm: str = ""  # the modelled vLLM whose flag list the command was checked against ("" unchecked)
 
     @property
     def text(self) -> str:
@@ -59,7 +60,8 @@ class ServeCommand:
         mml = next((self.argv[i + 1] for i, a in enumerate(self.argv[:-1]) if a in ("--max-model-len",
                                                                                    "--context-length")), None)
         return {"engine": self.engine, "argv": self.argv, "env": self.env, "text": self.text, "notes": self.notes,
-                "vllm_version": self.vllm_version, "speculative_config": self.speculative_config,
+                "vllm_version": self.vllm_version, "flags_vllm": self.flags_vllm,
+                "speculative_config": self.speculative_config,
                 "k": spec.get("num_speculative_tokens"), "k_schedule": spec.get("num_speculative_tokens_per_batch_size"),
                 "max_model_len": int(mml) if mml else None}
 
@@ -184,10 +186,13 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
     first = 5 if launcher == "module" else 3
     argv, spec_cfg, dropped = keep_known(argv, spec_cfg, version or MODELLED[-1], first_flag=first)
     notes += dropped
+    checked = checked_version(version or MODELLED[-1])
+    if version and checked and modelled_version(version)[1]:
+        notes.append(f"flags checked against vLLM {checked}'s (vLLM {version} is not modelled; the nearest below)")
     if extra_args:
         argv += list(extra_args)
     return ServeCommand(engine="vllm", argv=argv, env=env, notes=notes, vllm_version=version,
-                        speculative_config=spec_cfg)
+                        speculative_config=spec_cfg, flags_vllm=checked_version(version or MODELLED[-1]) or "")
 
 
 def _sglang_command(t_ref: str, d_ref: str, draft: ModelSpec, *, k: int, tp: int, max_model_len, util, dtype, host,

@@ -1,0 +1,77 @@
+"""What differs between vLLM 0.26 and 0.33 in draftfit's numbers: the tables of docs/VLLM_VERSIONS.md.
+
+Run: .venv/bin/python bench/vllm_versions.py   (prints markdown; nothing is written)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from draftfit.catalog.specs import GpuSpec, resolve_gpu, resolve_model  # noqa: E402
+from draftfit.memory.plan import parse_vllm_memory_log, plan_memory  # noqa: E402
+from draftfit.paths import PROJECT_ROOT  # noqa: E402
+from draftfit.speedup.predict import predict_speedup  # noqa: E402
+
+# The pairs with shipped step-cost tables (draftfit/data/calibration/), on the H200 they were measured on.
+SHIPPED = [("Llama-3.1-8B", "Llama-3.2-1B", 1), ("Qwen3-8B", "Qwen3-0.6B", 1), ("Qwen3-32B", "Qwen3-1.7B", 1),
+           ("Qwen2.5-Coder-32B", "Qwen2.5-Coder-7B", 1), ("Llama-3.1-70B", "Llama-3.2-1B", 2),
+           ("Llama-3.1-70B", "Llama-3.1-8B", 2)]
+RAW_033 = PROJECT_ROOT / "data" / "reference" / "memory" / "vllm-0.33" / "raw"
+
+
+def memory_table(util=0.9, max_model_len=8192) -> str:
+    rows = ["| layout (H200, util 0.9, 8192 tokens, `vllm serve` defaults) | runner 0.26 / 0.33 | CUDA graphs "
+            "reserved GiB 0.26 / 0.33 | peak activation GiB 0.26 / 0.33 | KV tokens 0.26 | KV tokens 0.33 | change |",
+            "|---|---|---|---|---|---|---|"]
+    gpu = resolve_gpu("H200")
+    for t, d, tp in SHIPPED:
+        for draft in (d, None):
+            p = [plan_memory(resolve_model(t), resolve_model(draft) if draft else None, gpu, tp=tp, util=util,
+                             max_model_len=max_model_len, strict=False, vllm_version=v) for v in ("0.26.0", "0.33.0")]
+            name = f"{t}" + (f" + {draft} K=4" if draft else " alone") + (f" TP={tp}" if tp > 1 else "")
+            ch = 100 * (p[1].kv_tokens - p[0].kv_tokens) / p[0].kv_tokens if p[0].kv_tokens else float("nan")
+            rows.append(f"| {name} | {p[0].model_runner} / {p[1].model_runner} | {p[0].cudagraph_reserved_gib:.2f} / "
+                        f"{p[1].cudagraph_reserved_gib:.2f} | {p[0].peak_activation_gib:.2f} / "
+                        f"{p[1].peak_activation_gib:.2f} | {p[0].kv_tokens:,} | {p[1].kv_tokens:,} | {ch:+.1f} % |")
+    return "\n".join(rows)
+
+
+def held_out_table() -> str:
+    rows = ["| vLLM 0.33.0 engine start (H200, LLM class, max_num_seqs 128) | vLLM KV tokens | draftfit 0.33 model "
+            "| error | draftfit 0.26 model | error |", "|---|---|---|---|---|---|"]
+    for path in sorted(RAW_033.glob("mem-*.log")) if RAW_033.is_dir() else []:
+        log = parse_vllm_memory_log(path.read_text())
+        m = re.match(r"mem-(.+?)-(?:(Llama-3\.2-1B|Qwen3-0\.6B)-k4|base)-tp1-u([0-9.]+)-L(\d+)$", path.stem)
+        if "kv_tokens" not in log or not m:
+            continue
+        target, draft, util, length = m.group(1), m.group(2), float(m.group(3)), int(m.group(4))
+        gpu = GpuSpec(name="H200", memory_gib=log["total_gib"], bandwidth_gbps=0, bf16_tflops=0)
+        got = [plan_memory(resolve_model(target), resolve_model(draft) if draft else None, gpu, util=util,
+                           max_model_len=length, max_num_seqs=128, max_num_batched_tokens=16384, entrypoint="llm",
+                           num_speculative_tokens=4 if draft else 0, strict=False, vllm_version=v).kv_tokens
+               for v in ("0.33.0", "0.26.0")]
+        err = [100 * (g - log["kv_tokens"]) / log["kv_tokens"] for g in got]
+        rows.append(f"| {path.stem} | {log['kv_tokens']:,} | {got[0]:,} | {err[0]:+.2f} % | {got[1]:,} | {err[1]:+.2f} % |")
+    return "\n".join(rows)
+
+
+def speedup_table() -> str:
+    rows = ["| pair (H200, acceptance 0.7) | batch | step costs from | speedup (band) asked for 0.26 | "
+            "asked for 0.33 |", "|---|---|---|---|---|"]
+    gpu = resolve_gpu("H200")
+    for t, d, tp in SHIPPED[:2]:
+        p = [predict_speedup(resolve_model(t), resolve_model(d), gpu, tp=tp, acceptance=0.7, batches=(1, 32),
+                             k_values=(4,), vllm_version=v) for v in ("0.26.0", "0.33.0")]
+        for b in (1, 32):
+            a, c = p[0].batches[b].per_k[4], p[1].batches[b].per_k[4]
+            rows.append(f"| {t} + {d} K=4 | {b} | vLLM {p[1].step_cost_vllm} tables | {a['speedup']:.2f}x "
+                        f"({a['low']:.2f}-{a['high']:.2f}) | {c['speedup']:.2f}x ({c['low']:.2f}-{c['high']:.2f}) |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(memory_table(), "", held_out_table(), "", speedup_table(), sep="\n")

@@ -42,6 +42,7 @@ def _percentile(values: list[float], q: float) -> float:
     return values[int(q * (len(values) - 1))] if values else 0.0
 
 
+@lru_cache(maxsize=None)  # the shipped records do not change while a process runs; rank asks once per target
 def method_acceptance(method: str, workload: str, temperature: float = 0.0) -> AcceptanceEstimate | None:
     """The prior for a model-free drafter, or None when draftfit has none to give (suffix)."""
     if method != "ngram":

@@ -151,7 +151,10 @@ def load_gpus(catalog_dir: Path = CATALOG_DIR) -> tuple[GpuSpec, ...]:
     return tuple(GpuSpec(**_tuple_fields(GpuSpec, g)) for g in data["gpus"])
 
 
-def _index(items) -> dict[str, object]:
+@lru_cache(maxsize=8)
+def _index(items: tuple) -> dict[str, object]:
+    """Normalized name -> entry. `items` is load_models()/load_gpus()'s cached tuple, so rank's 20-odd name
+    resolutions build the index once."""
     index: dict[str, object] = {}
     for item in items:
         keys = [item.name, *item.aliases]

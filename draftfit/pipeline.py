@@ -212,31 +212,27 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
                or method_acceptance(d.method, layout.workload, layout.temperature))
     else:
         est = prior_acceptance(target, d, layout.workload, layout.temperature)
-    if est is None:  # no prior for this method: an honest "measure it", never a made-up number
-        return PairEvaluation(layout=layout, draft=d, method=method_of(d), compat=compat, vllm_runs=runs,
-                              vllm_reason=why, memory=memory, memory_error=mem_err, memory_fix=mem_fix,
-                              acceptance=None, speedup=None,
-                              decision=Decision(DONT, f"no acceptance prior for {d.name}: measure it on your "
-                                                f"traffic (`draftfit measure {target.name} {d.name} "
-                                                "--prompts-file F`)", None) if runs else
-                              decide(layout, runs, why, vfix, memory, mem_err, mem_fix, None))
+    # No prior for this method (suffix): an honest "measure it", never a made-up number; decide() says so.
+    unmeasured = (None if est is not None else
+                  f"no acceptance prior for {d.name}: measure it on your traffic (`draftfit measure {target.name} "
+                  f"{d.name} --prompts-file F`)")
     if getattr(est, "relation", "") == "incompatible" and runs:
         runs, why = False, "the draft's tokens do not mean what the target's mean (acceptance prior: incompatible)"
         vfix = vfix or "pick a draft of the target's family"
     pred = None
-    if runs and layout.gpu is not None:
+    if runs and layout.gpu is not None and est is not None:
         ks = (layout.k,) if layout.k else tuple(k_values)
         pred = predict_speedup(served_spec(layout), d, layout.gpu, tp=layout.tp, acceptance=est, batches=layout.batches,
                                k_values=ks, context_len=min(layout.max_model_len, 1024),
                                vllm_version=layout.vllm_modelled)
-    decision = decide(layout, runs, why, vfix, memory, mem_err, mem_fix, pred)
+    decision = decide(layout, runs, why, vfix, memory, mem_err, mem_fix, pred, unmeasured=unmeasured)
     return PairEvaluation(layout=layout, draft=d, method=method_of(d), compat=compat, vllm_runs=runs, vllm_reason=why,
                           memory=memory, memory_error=mem_err, memory_fix=mem_fix, acceptance=est, speedup=pred,
                           decision=decision)
 
 
 def decide(layout: Layout, runs: bool, why: str, vfix: str | None, memory: MemoryPlan | None, mem_err: str,
-           mem_fix: str | None, pred: SpeedupPrediction | None) -> Decision:
+           mem_fix: str | None, pred: SpeedupPrediction | None, *, unmeasured: str | None = None) -> Decision:
     """The K to serve and whether to speculate at all, from the speedup of every (batch, K).
 
     With a fixed K (--k) every batch runs it. Otherwise each batch's best K; when those differ the command
@@ -247,6 +243,8 @@ def decide(layout: Layout, runs: bool, why: str, vfix: str | None, memory: Memor
         return Decision(INCOMPATIBLE, why, vfix)
     if mem_err:
         return Decision(NO_FIT, mem_err, mem_fix)
+    if unmeasured:  # a drafter with no acceptance to predict from
+        return Decision(DONT, unmeasured, None)
     if pred is None:
         return Decision(DONT, "no GPU given: speedup not predicted", "pass --gpu")
     per_k = {b: {k: row["speedup"] for k, row in pred.batches[b].per_k.items()} for b in layout.batches}

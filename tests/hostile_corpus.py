@@ -162,6 +162,7 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("memory", mem, "--kv-cache-dtype", ["fp4"])
     b.option("memory", mem, "--quantization", ["magic"])
     b.option("memory", mem, "--entrypoint", ["grpc"])
+    b.option("memory", mem, "--vllm-version", ["banana", "", "1..2"])
 
     # ------------------------------------------------------------------ measure (local folders; heavy guarded)
     meas_files = ("good-model", "good-draft", "store-dir")
@@ -175,6 +176,8 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("measure", meas, "--seed", ["-1", "99999999999999999999", "x"], files=meas_files, guard=True)
     b.option("measure", meas, "--workload", ["poetry"], files=meas_files, guard=True)
     b.option("measure", meas, "--backend", ["tensorrt"], files=meas_files, guard=True)
+    b.option("measure", meas, "--max-model-len", ["-1", "0", "63", "1000000000000", "x"], files=meas_files,
+             guard=True)
     b.option("measure", meas, "--top-p", ["0", "-0.5", "1.5", "nan", "x"], files=meas_files, guard=True)
     b.option("measure", meas, "--prompts-file", ["{tmp}/path-nonexistent", "{tmp}/store-dir", "{tmp}/store-garbage",
                                                  "{tmp}/store-json", "{tmp}/store-text"],
@@ -220,6 +223,9 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("speedup-full", full, "--k", ["", "0", "1,,x", "-1", "100"])
     b.option("speedup-full", full, "--context-len", ["-1", "0", "1000000000000", "x"])
     b.option("speedup-full", full, "--alpha", ["1.5", "nan", "-1"])
+    b.option("speedup-full", full, "--quantization", ["magic", ""])
+    b.option("speedup-full", full, "--kv-cache-dtype", ["fp4"])
+    b.option("speedup-full", full, "--vllm-version", ["banana", "", "1..2"])
     b.option("speedup-full", ["speedup", "--draft", M_D, "--gpu", "H200", "--alpha", "0.7"], "--target",
              ["NoSuchModel"])
     b.option("speedup-full", ["speedup", "--target", M_T, "--gpu", "H200", "--alpha", "0.7"], "--draft",
@@ -292,6 +298,8 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("preflight", pf, "--util", ["1.5", "0", "-0.1", "nan", "inf", "x"])
     b.option("preflight", pf, "--batch", ["0", "-1", "1000000000000", "x"])
     b.option("preflight", pf, "--temperature", ["-1", "nan", "inf", "x"])
+    b.option("preflight", pf, "--quantization", ["magic", ""])
+    b.option("preflight", pf, "--kv-cache-dtype", ["fp4"])
     b.option("preflight", pf, "--vllm-version", ["banana"])
     b.option("preflight", [*pf[:3]], "--gpu", ["NoSuchGPU", ""])
     b.add("preflight-target-NoSuchModel", ["preflight", "NoSuchModel", M_D])

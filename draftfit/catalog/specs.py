@@ -423,7 +423,9 @@ def quantization_of(config: dict, where: str = "config.json") -> str:
 
 def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: str = "",
                      tokenizer: str = "") -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json dict (text models; nested text_config honoured)."""
+    """A ModelSpec from a Hugging Face config.json dict (text models; nested text_config honoured; a
+    speculators-format EAGLE-3 head read the way vLLM reads it, see _flatten_speculators)."""
+    config, verifier = _flatten_speculators(config)
     config = validate_config(config, f"{local_path or hub_id or name}/config.json")
     cfg = dict(config.get("text_config") or {}) or config
     heads = cfg.get("num_attention_heads") or 1
@@ -461,7 +463,42 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
         num_nextn_predict_layers=_pos_int(cfg.get("num_nextn_predict_layers")),
         kv_lora_rank=_pos_int(cfg.get("kv_lora_rank")), qk_rope_head_dim=_pos_int(cfg.get("qk_rope_head_dim")),
         method="eagle3" if "eagle3" in archs[0].lower() else "draft_model",
+        draft_for=(verifier,) if verifier else (),
     )
+
+
+# speculators_model_type -> the architecture vLLM gives the head, by the inner model_type
+# (vllm/transformers_utils/configs/speculators/algos.py update_eagle3, 0.26 and 0.33).
+_SPECULATORS_EAGLE3_ARCHS = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+
+
+def _flatten_speculators(config):
+    """A vllm-project/speculators config.json (RedHatAI's *-speculator.eagle3 heads) as the flat config vLLM builds
+    from it: the shapes are `transformer_layer_config`, draft_vocab_size and target_hidden_size sit beside it, the
+    architecture follows the inner model_type. Returns (config, the catalog name of
+    speculators_config.verifier.name_or_path or ""). Anything else passes through unchanged."""
+    if not isinstance(config, dict) or config.get("speculators_model_type") != "eagle3" \
+            or not isinstance(config.get("transformer_layer_config"), dict):
+        return config, ""
+    inner = config["transformer_layer_config"]
+    flat = dict(inner)
+    for key in ("draft_vocab_size", "target_hidden_size"):
+        if config.get(key) is not None:
+            flat[key] = config[key]
+    for key in ("torch_dtype", "dtype", "tie_word_embeddings"):
+        if key in config and key not in flat:
+            flat[key] = config[key]
+    flat["architectures"] = [_SPECULATORS_EAGLE3_ARCHS.get(str(inner.get("model_type", "llama")),
+                                                           "Eagle3LlamaForCausalLM")]
+    verifier = (config.get("speculators_config") or {}).get("verifier") if isinstance(
+        config.get("speculators_config"), dict) else None
+    target = ""
+    if isinstance(verifier, dict) and isinstance(verifier.get("name_or_path"), str):
+        try:
+            target = resolve_model(verifier["name_or_path"], allow_hub=False).name
+        except DraftfitError:
+            target = ""
+    return flat, target
 
 
 def _pos_int(v) -> int:

@@ -90,6 +90,9 @@ def resolve_drafter(target: ModelSpec, draft: str | ModelSpec) -> ModelSpec:
 # runner's DraftModelSpeculator (v1/worker/gpu/spec_decode/draft_model/speculator.py, standalone_ar/ in 0.33)
 # builds attention for every group the draft's layers fall in (init_attn_backend with active_layer_names).
 DRAFT_MODEL_MULTI_GROUP_FROM = (0, 31)
+# vLLM's suffix proposer (v1/spec_decode/suffix_decoding.py, "suffix" in config/speculative.py's methods) is in the
+# 0.11.1 wheel and not in 0.11.0's (both wheels' file lists checked).
+SUFFIX_FROM = (0, 11, 1)
 
 
 def rules_vllm_version(vllm_version: str | None) -> str:
@@ -133,6 +136,9 @@ def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp:
     if draft.method == "ngram":
         return True, "vLLM's n-gram prompt lookup (method ngram): no model, no KV cache", None
     if draft.method == "suffix":
+        if vllm_version and parse_version(vllm_version) < SUFFIX_FROM:
+            return False, (f"vLLM {vllm_version} has no suffix decoding (method suffix arrived in vLLM 0.11.1)"), \
+                "use vLLM >= 0.11.1 (--vllm-version), or ngram"
         return True, ("suffix decoding (method suffix): no model; vLLM refuses it unless the arctic-inference "
                       "package is installed on the server (`pip install arctic-inference`)"), None
     if draft.is_eagle:

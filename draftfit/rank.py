@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from draftfit.acceptance.method_prior import published_cross_check
 from draftfit.acceptance.prior import store_status
 from draftfit.catalog.specs import NO_MODEL_METHODS, GpuSpec, ModelSpec, draft_candidates, method_drafter, resolve_model
 from draftfit.compat.tokenizers import catalog_verdict
@@ -44,6 +45,8 @@ class Candidate:
     acceptance_high: float | None = None
     acceptance_source: str = ""
     acceptance_citation: str = ""
+    # ngram / suffix: published figures beside the replayed prior (acceptance.method_prior.published_cross_check)
+    acceptance_cross_check: list[dict] = field(default_factory=list)
     relation: str = ""
     best_k: int | None = None
     best_k_by_batch: dict[int, int | None] = field(default_factory=dict)
@@ -72,7 +75,8 @@ class Candidate:
             "draft_pool_share": self.draft_pool_share, "draft_weights_gib": self.draft_weights_gib,
             "acceptance": self.acceptance, "acceptance_low": self.acceptance_low,
             "acceptance_high": self.acceptance_high, "acceptance_source": self.acceptance_source,
-            "acceptance_citation": self.acceptance_citation, "relation": self.relation, "best_k": self.best_k,
+            "acceptance_citation": self.acceptance_citation, "acceptance_cross_check": self.acceptance_cross_check,
+            "relation": self.relation, "best_k": self.best_k,
             "best_k_by_batch": {str(b): k for b, k in self.best_k_by_batch.items()},
             "speedup": {str(b): v for b, v in self.speedup.items()},
             "speedup_low": {str(b): v for b, v in self.speedup_low.items()},
@@ -155,6 +159,8 @@ def candidate_from(ev: PairEvaluation, kv_alone: int | None) -> Candidate:
         c.acceptance_source, c.acceptance_citation, c.relation = est.source, est.citation, est.relation
     else:
         c.acceptance_source, c.relation = "none: measure it", d.method
+    if d.method in NO_MODEL_METHODS:
+        c.acceptance_cross_check = published_cross_check(d.method, ev.layout.workload)
     c.decision, c.reason, c.fix, c.group = dec.action, dec.reason, dec.fix, _GROUP[dec.action]
     batches = ev.layout.batches
     c.speedup = {b: None for b in batches}

@@ -60,11 +60,22 @@ def test_rank_lists_ngram_and_suffix_rows_with_their_sources():
                                    "--json"])
     rows = {c["draft"]: c for c in json.loads(res.stdout)["candidates"]}
     assert rows["ngram"]["method"] == "ngram" and rows["ngram"]["acceptance_source"]
-    assert rows["suffix"]["method"] == "suffix" and "measure it" in rows["suffix"]["reason"]
+    sfx = rows["suffix"]
+    assert sfx["method"] == "suffix" and sfx["acceptance_source"] == "replay:suffix on code"
+    assert sfx["acceptance_low"] <= sfx["acceptance"] <= sfx["acceptance_high"] and sfx["best_k"]
+    assert sfx["speedup"]["1"] and sfx["speedup_low"]["1"] <= sfx["speedup"]["1"] <= sfx["speedup_high"]["1"]
+    # the published figures ride along as a cross-check, each with what it measures and where it was published
+    for method in ("ngram", "suffix"):
+        cross = rows[method]["acceptance_cross_check"]
+        assert cross and all(e["url"].startswith("https://") and e["measures"] for e in cross)
+    assert not rows["EAGLE3-Llama-3.1-8B"]["acceptance_cross_check"]
     assert any(r["method"] == "eagle3" for r in rows.values())
 
 
-def test_suffix_has_no_made_up_prior():
-    layout = build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192)
-    ev = evaluate_pair(layout, "suffix")
-    assert ev.acceptance is None and "measure it" in ev.decision.reason
+def test_suffix_prior_only_where_the_chosen_vllm_has_suffix_decoding():
+    ev = evaluate_pair(build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192, workload="code"), "suffix")
+    assert ev.acceptance.source == "replay:suffix on code" and ev.decision.action == "speculate"
+    assert "arctic-inference" in ev.vllm_reason  # vLLM refuses method suffix without the package
+    old = evaluate_pair(build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192, workload="code",
+                                     vllm_version="0.11.0"), "suffix")
+    assert not old.vllm_runs and old.decision.action == "incompatible" and "0.11.1" in old.decision.fix

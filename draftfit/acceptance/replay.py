@@ -60,6 +60,18 @@ def propose_ngram(context: list[int], *, min_n: int, max_n: int, k: int, max_mod
     return context[start:start + k]
 
 
+def accepted_prefix(proposal: list[int], output: list[int], t: int) -> int:
+    """How many drafted tokens the greedy target accepts: the prefix of `proposal` equal to output[t:]. vLLM
+    drafts the full K even near max_tokens (bench/ngram_replay.py: 114 drafts, 456 draft tokens at K=4); tokens
+    past the request's end cannot be checked, so they count as rejected."""
+    accepted = 0
+    for j, tok in enumerate(proposal):
+        if t + j >= len(output) or output[t + j] != tok:
+            break
+        accepted += 1
+    return accepted
+
+
 @dataclass
 class ReplayCounts:
     """Spec-decode counters of one replayed setting, summed over requests, with per-request groups (the
@@ -91,13 +103,7 @@ def replay_request(prompt: list[int], output: list[int], *, k: int, min_n: int, 
         steps = 1
     while t < len(output):
         proposal = propose_ngram(context, min_n=min_n, max_n=max_n, k=k, max_model_len=max_model_len)
-        # vLLM drafts the full K even near max_tokens (bench/ngram_replay.py: 114 drafts, 456 draft tokens at
-        # K=4); tokens past the request's end cannot be checked, so they count as rejected.
-        accepted = 0
-        for j, tok in enumerate(proposal):
-            if t + j >= len(output) or output[t + j] != tok:
-                break
-            accepted += 1
+        accepted = accepted_prefix(proposal, output, t)
         if proposal:
             drafts += 1
             draft_tokens += len(proposal)

@@ -121,6 +121,7 @@ class SuffixTree:
         self.root = _Node(-1)
         self._seqs: dict[int, list[int]] = {}
         self._active: dict[int, deque] = {}  # per sequence: the nodes where its last <= max_depth suffixes end
+        self._tail_nodes: deque | None = None
 
     def extend(self, seq_id: int, tokens) -> None:
         for tok in tokens:
@@ -165,6 +166,11 @@ class SuffixTree:
                 node = child
 
     def _match(self, pattern) -> _Node | None:
+        # The per-request tree is matched against its own tail every step: the nodes where the sequence's last
+        # suffixes end are already at hand (the active deque, shortest last), which saves a walk from the root.
+        tails = self._tail_nodes
+        if tails is not None and len(pattern) <= len(tails):
+            return tails[-len(pattern)]
         node = self.root
         for tok in pattern:
             node = node.children.get(tok)
@@ -178,6 +184,11 @@ class SuffixTree:
         factor, offset, min_prob = _f32(max_spec_factor), _f32(max_spec_offset), _f32(min_token_prob)
         context = [int(t) for t in context]
         n = len(context)
+        self._tail_nodes = None
+        if len(self._seqs) == 1:  # one sequence (a per-request tree): is the context its tail?
+            (sid, seq), = self._seqs.items()
+            if n <= len(seq) and seq[len(seq) - n:] == context:
+                self._tail_nodes = self._active[sid]
         best = Draft()
         for match_len in range(1, n):  # the C++ loop stops before the whole context (match_len < size)
             node = self._match(context[n - match_len:])

@@ -63,6 +63,12 @@ DRAFT_LAYER_MS = 0.21
 # scheduler loop (70B TP=2 + 1B/8B drafts against the TP=1 pairs, fitted per TP).
 DRAFT_LAYER_MP_MS = 0.15
 DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, next-token gather on the host)
+# ngram and suffix have no model (catalog.specs.method_drafter: zero layers, zero weights), so each of their K
+# "passes" costs FORWARD_LAUNCH_MS plus DRAFT_SEQ_MS per sequence, whichever method it is. Suffix gets no term of
+# its own: arctic-inference's tree walk (SuffixDecodingCache.add_active_response + speculate, what vLLM's suffix
+# proposer runs per request per step) measured 12-21 us per sequence per step on the shipped outputs
+# (bench/suffix_replay.py, docs/benchmarks.md suffix-replay), under the DRAFT_SEQ_MS x K already charged; no
+# published figure says more, so a separate constant would rest on nothing.
 # A verify of batch x (K+1) tokens above vLLM's largest captured CUDA graph (512 tokens by default with a
 # draft) runs without a graph: a per-layer penalty (seen: Llama-3.1-8B K=4 at batch 128). The draft's first
 # pass reads the same batch x (K+1) tokens, so its layers pay it too.

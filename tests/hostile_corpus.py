@@ -193,6 +193,39 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
               ["measure", name, "{tmp}/good-draft", "--store", "{tmp}/store-dir/s.sqlite"],
               files=("good-draft", "store-dir", "path-nonexistent", "path-is-file"), guard_heavy=True)
 
+    # ------------------------------------------------------------------ sweep (every option checked before Ray starts)
+    swp = ["sweep", "{tmp}/good-model", "--drafts", "ngram", "--store", "{tmp}/store-dir/s.sqlite"]
+    swp_files = ("good-model", "store-dir")
+    b.option("sweep", ["sweep", "{tmp}/good-model", "--store", "{tmp}/store-dir/s.sqlite"], "--drafts",
+             ["", ",", "ngram,,x", " "], files=swp_files, guard=True)
+    b.option("sweep", swp, "--workloads", ["poetry", "", "code,", "code,poetry"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--temperatures", ["", ",", "-1", "nan", "inf", "0,x", "x"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--k", ["-1", "0", "17", "x", "1.5", "1,2", "1..4", ""], files=swp_files, guard=True)
+    b.option("sweep", swp, "--prompts", ["-1", "0", "1000000000000", "x"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--max-tokens", ["-1", "0", "1", "1000000000000", "x"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--seed", ["-1", "99999999999999999999", "x"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--max-model-len", ["-1", "0", "63", "1000000000000", "x"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--tp", ["0", "-1", "65", "x"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--pp", ["0", "-1", "65", "x"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--retries", ["-1", "101", "x", "1000000000000"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--ray-address", ["", " ", "127.0.0.1:9"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--prompts-file", ["{tmp}/path-nonexistent", "{tmp}/store-dir", "{tmp}/store-garbage",
+                                              "{tmp}/store-json", "{tmp}/store-text"],
+             files=(*swp_files, "path-nonexistent", "store-garbage", "store-json", "store-text"), guard=True)
+    b.add("sweep-target-NoSuchModel", ["sweep", "NoSuchModel", "--drafts", "ngram", "--store",
+                                       "{tmp}/store-dir/s.sqlite"], files=("store-dir",), guard_heavy=True)
+    b.add("sweep-draft-NoSuchModel", [*swp[:3], "NoSuchModel", *swp[4:]], files=swp_files, guard_heavy=True)
+    cal_swp = ["sweep", "Llama-3.1-8B", "--calibrate", "--drafts", "Llama-3.2-1B", "--lanes-dir", "{tmp}/lanes"]
+    b.option("sweep-calibrate", cal_swp, "--k", ["0", "17", "x", "4..1", "1,,2", ""], guard=True)
+    b.option("sweep-calibrate", cal_swp, "--batch", ["0", "x", "", "1,-8", "1000000000000"], guard=True)
+    b.option("sweep-calibrate", cal_swp, "--acceptance", ["0", "-0.5", "1.5", "nan", "x"], guard=True)
+    b.option("sweep-calibrate", cal_swp, "--repeats", ["0", "-1", "1001", "x"], guard=True)
+    b.option("sweep-calibrate", cal_swp, "--budget-s", ["0", "-1", "nan", "inf", "x"], guard=True)
+    b.option("sweep-calibrate", cal_swp, "--tp", ["3", "0", "x"], guard=True)
+    b.option("sweep-calibrate", cal_swp, "--pp", ["2"], guard=True)
+    b.add("sweep-calibrate-vocab-mismatch", [*cal_swp[:4], "Qwen2.5-0.5B", *cal_swp[5:]], guard_heavy=True)
+    b.add("sweep-calibrate-target-NoSuchModel", ["sweep", "NoSuchModel", *cal_swp[2:]], guard_heavy=True)
+
     # ------------------------------------------------------------------ runs
     st = ["--store", "{tmp}/store-dir/s.sqlite"]
     for v in ["-1", "0", "1000000000000", "99999999999999999999", "x", ""]:

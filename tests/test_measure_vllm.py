@@ -21,16 +21,12 @@ PROMPTS, TOKENS, K = 2, 24, 4
 
 
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory):
-    pytest.importorskip("vllm")
-    from draftfit.cli.commands.measure import run_measurement
+def vllm_run(vllm_pair_run):
+    # The session's one measurement of the pair (tests/conftest.py), shared with tests/test_sweep.py.
+    from conftest import PAIR_K, PAIR_PROMPTS, PAIR_TOKENS
 
-    store = tmp_path_factory.mktemp("store") / "m.sqlite"
-    raw = []
-    results = run_measurement(TARGET, DRAFT, workload="code", temperatures=[0.0, 0.7], k=K, num_prompts=PROMPTS,
-                              max_tokens=TOKENS, backend="vllm", store_path=str(store), progress=False,
-                              raw_sink=raw)
-    return results[0], raw[0], store, results[1]
+    assert (PAIR_PROMPTS, PAIR_TOKENS, PAIR_K) == (PROMPTS, TOKENS, K)
+    return vllm_pair_run
 
 
 @NEEDS_PAIR

@@ -18,7 +18,7 @@ from draftfit.layout import build_layout
 from draftfit.pipeline import INCOMPATIBLE, command_for, evaluate_pair
 
 PKG = Path(__file__).resolve().parent.parent / "draftfit"
-HEAVY = ("torch", "transformers", "vllm", "sklearn")
+HEAVY = ("torch", "transformers", "vllm", "sklearn", "ray")
 
 
 def _graph() -> dict[str, set[str]]:

@@ -421,6 +421,60 @@ class MeasurementStore:
             d["groups"] = [{"num_drafts": n, "per_position_accepted": json.loads(pp)} for n, pp in groups.get(d["id"], [])]
         return rows
 
+    def find_runs(self, match: dict, *, extra_match: dict | None = None,
+                  statuses: tuple[str, ...] = ("ok", "suspect")) -> list[dict]:
+        """Runs whose columns equal `match` (and whose extra has `extra_match`'s values; a key absent from a
+        run's extra reads as None), newest first, among `statuses`. The sweep's resume: a cell is done when a
+        run with its provenance is stored. Only the runs table's own columns may be matched."""
+        cols = _expected_columns()["runs"]
+        bad = [c for c in match if c not in cols]
+        if bad:
+            raise ValueError(f"not columns of runs: {', '.join(bad)}")
+        where = [f"{c} IS ?" for c in match] + [f"status IN ({', '.join('?' * len(statuses))})"]
+        args = [float(v) if c == "temperature" else v for c, v in match.items()] + list(statuses)
+        for key, value in (extra_match or {}).items():
+            if not str(key).replace("_", "").isalnum():
+                raise ValueError(f"bad extra key {key!r}")
+            where.append(f"json_extract(extra, '$.{key}') IS ?")
+            # json_extract gives an object or list back as minified JSON text (keys as stored: sorted)
+            args.append(json.dumps(value, sort_keys=True, separators=(",", ":")) if isinstance(value, (dict, list))
+                        else value)
+
+        def read():
+            q = f"SELECT * FROM runs WHERE {' AND '.join(where)} ORDER BY id DESC"
+            return self._with_details([dict(r) for r in self._conn.execute(q, args)])
+        return self._retrying(read)
+
+    def copy_run(self, row: dict) -> int:
+        """Insert a run read from another store (runs()/get() shape: columns, extra, per-position counts and
+        groups) as it is, in one transaction; returns the new id. A sweep's task measures into a store of its
+        own on whatever node it ran, and the driver files the rows it brings back here."""
+        cols = {c: row.get(c) for c in _expected_columns()["runs"] if c != "id"}
+        cols["extra"] = json.dumps(row.get("extra") or {}, sort_keys=True)
+        conn = self._conn
+
+        def write() -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                rid = conn.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                                   list(cols.values())).lastrowid
+                conn.executemany("INSERT INTO run_positions (run_id, position, accepted) VALUES (?, ?, ?)",
+                                 [(rid, i, int(c)) for i, c in enumerate(row.get("per_position_accepted") or [])])
+                conn.executemany(
+                    "INSERT INTO run_groups (run_id, group_index, num_drafts, per_position_accepted) "
+                    "VALUES (?, ?, ?, ?)", [(rid, i, int(g["num_drafts"]), json.dumps(g["per_position_accepted"]))
+                                            for i, g in enumerate(row.get("groups") or [])])
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return rid
+
+        rid = self._retrying(write)
+        self._index = None
+        return rid
+
     def _lookup_index(self, workload: str) -> dict[str, list[tuple]]:
         """target key -> [(draft keys, temperature, num_drafts, id)] over the usable ok runs of one workload:
         built once per store object and workload (one query), so rank's per-candidate lookups do not rescan the

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "monitor": ("draftfit.cli.commands.monitor:monitor", "Read a live server's /metrics and advise K."),
     "catalog": ("draftfit.cli.commands.catalog:catalog", "List or show catalog models and GPUs."),
     "fixtures": ("draftfit.cli.commands.fixtures:fixtures", "Fetch the real tokenizers and models (cached)."),
+    "sweep": ("draftfit.cli.commands.sweep:sweep", "Many measure/calibrate cells as Ray tasks, resumable."),
 }
 
 

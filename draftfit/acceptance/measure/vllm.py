@@ -62,6 +62,8 @@ class MeasureRequest:
     extra: dict = field(default_factory=dict)
     prompt_ids: list | None = None  # the user's prompts, already encoded (user_prompts.encode_requests); else built-in
     top_p: float = 1.0
+    # Extra vllm.LLM keyword arguments (EngineArgs names), applied last: a sweep's TP/PP and Ray executor.
+    engine_args: dict = field(default_factory=dict)
 
 
 def _snapshot(llm) -> dict:
@@ -203,6 +205,7 @@ def _worker(spec_path: str, messages_path: str) -> None:
     kwargs = dict(model=req.target, tokenizer=req.target, dtype="float32", enforce_eager=True,
                   max_model_len=req.max_model_len, seed=req.seed, disable_log_stats=False, generation_config="vllm",
                   speculative_config=speculative_config_for(req))
+    kwargs.update(req.engine_args or {})
     try:  # vLLM >= 0.3x reports each request's acceptance histogram: all prompts in one batch, per-prompt groups
         llm = LLM(**kwargs, max_num_seqs=max(len(ids), 1), per_request_spec_decode_metrics="summary")
         per_request = True

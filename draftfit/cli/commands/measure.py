@@ -78,7 +78,8 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
                     num_prompts: int = 6, max_tokens: int = 48, backend: str = "vllm", seed: int = 0,
                     store_path: str | None = None, progress: bool = True, group_size: int = 1,
                     raw_sink: list | None = None, max_model_len: int = MeasureRequest.max_model_len,
-                    prompts_file: str | None = None, top_p: float = 1.0) -> list:
+                    prompts_file: str | None = None, top_p: float = 1.0,
+                    engine_args: dict | None = None) -> list:
     """Measure, store one run per temperature (ok or failed), return the AcceptanceResults.
 
     A backend that fails (a vLLM engine that dies: out of KV space, out of memory, a crash) stores one failed
@@ -87,7 +88,8 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
     in one transaction, and the worker dies with its parent (vllm._die_with_parent).
 
     `draft` may be a method keyword (ngram, suffix: no draft model); `prompts_file` the user's own prompts
-    (user_prompts.load_prompts_file: the first `num_prompts` rows), whose hash goes into the provenance."""
+    (user_prompts.load_prompts_file: the first `num_prompts` rows), whose hash goes into the provenance.
+    `engine_args`: extra vllm.LLM arguments (a sweep's tensor/pipeline parallelism), kept in the runs' extra."""
 
     if workload not in WORKLOADS:
         raise DraftfitError(f"unknown workload {workload!r}", fix=f"use one of {', '.join(WORKLOADS)}")
@@ -125,6 +127,7 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
     engine_extra = {**({"prompts_file": str(user_prompts.path), "prompt_kinds": user_prompts.kinds}
                        if user_prompts else {}), **({"top_p": top_p} if top_p != 1.0 else {}),
                     "max_model_len": max_model_len,
+                    **({"engine_args": dict(engine_args)} if engine_args else {}),
                     "VLLM_CPU_KVCACHE_SPACE": vllm_backend.ensure_kv_space(os.environ)["VLLM_CPU_KVCACHE_SPACE"]
                     } if backend == "vllm" else {}
     store = MeasurementStore(store_path)
@@ -139,7 +142,7 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
             req = MeasureRequest(target=str(t_model.path), draft=method or str(d_model.path), workload=workload,
                                  temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
                                  seed=seed, group_size=group_size, max_model_len=max_model_len,
-                                 prompt_ids=prompt_ids, top_p=top_p)
+                                 prompt_ids=prompt_ids, top_p=top_p, engine_args=dict(engine_args or {}))
             with locks.heavy_lock():
                 wall_t0 = time.monotonic()
                 raw = vllm_backend.run_vllm(req, progress=progress)

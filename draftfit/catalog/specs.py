@@ -64,6 +64,11 @@ class ModelSpec:
     # shared_expert_intermediate_size, DeepSeek's n_shared_experts x moe_intermediate_size; 0 when none.
     shared_expert_intermediate_size: int = 0
     sliding_window: int = 0
+    # RoPE buffers (vLLM keeps a cos/sin cache per distinct rope, loaded with the weights): linear and YaRN
+    # scaling build it for max_position_embeddings x factor positions (rotary_embedding/linear_scaling_rope.py,
+    # yarn_scaling_rope.py); Gemma-3's sliding layers use a second, unscaled rope (rope_local_base_freq).
+    rope_scaling_factor: float = 0.0
+    rope_local_base_freq: float = 0.0
     # Attention kind of each layer, compact: tokens of F (full) / S (sliding, window `sliding_window`), each
     # optionally repeated, e.g. "SF*21" (Gemma-2-9b), "SSSSSF*8" (Gemma-3-12b), "F*20 S*8"; "" = all full.
     # Expanded by layer_kinds(), which mirrors how vLLM 0.26 gives each layer its window (see there).
@@ -457,6 +462,7 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
         num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok") or 0,
         moe_intermediate_size=moe_inter, shared_expert_intermediate_size=shared_inter,
         sliding_window=window, layer_types=layer_pattern,
+        rope_scaling_factor=_rope_cache_factor(cfg), rope_local_base_freq=_pos_float(cfg.get("rope_local_base_freq")),
         local_path=local_path, source=f"{local_path or hub_id}/config.json",
         quantization=quantization_of(config, f"{local_path or hub_id or name}/config.json"),
         draft_vocab_size=_pos_int(cfg.get("draft_vocab_size")), target_hidden_size=_pos_int(cfg.get("target_hidden_size")),
@@ -499,6 +505,26 @@ def _flatten_speculators(config):
         except DraftfitError:
             target = ""
     return flat, target
+
+
+def _pos_float(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0.0
+
+
+def _rope_cache_factor(cfg: dict) -> float:
+    """How many times max_position_embeddings vLLM's cos/sin cache spans: the factor of a linear or YaRN
+    rope_scaling (transformers' older key) or rope_parameters (5.x; per layer type for Gemma-3), else 0."""
+    found = 0.0
+    for key in ("rope_scaling", "rope_parameters"):
+        block = cfg.get(key)
+        if not isinstance(block, dict):
+            continue
+        subs = [b for b in block.values() if isinstance(b, dict)] or [block]
+        for b in subs:
+            kind = str(b.get("rope_type") or b.get("type") or "")
+            if kind in ("linear", "yarn"):
+                found = max(found, _pos_float(b.get("factor")))
+    return found if found > 1 else 0.0
 
 
 def _pos_int(v) -> int:

@@ -153,6 +153,8 @@ class GpuAccounting:
     v2_appends_decode_sizes: bool  # V2 capture sizes: multiples of K+1 appended to the grid (else rounded up)
     draft_model_async: bool  # async scheduling on for draft_model (2 batches in flight)
     draft_len_lowers_target: bool  # a draft_model's shorter max_model_len lowers the target's (else: refused)
+    # MoE architectures that take the V2 runner anyway (0.26: config/vllm.py DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES).
+    moe_v2_architectures: frozenset = frozenset()
 
 
 GPU_VERSION_RULES = {
@@ -160,6 +162,11 @@ GPU_VERSION_RULES = {
         version="0.26.0",
         # config/vllm.py _get_v2_model_runner_unsupported_features lists method draft_model and MoE layers.
         draft_model_runner="v1", moe_runner="v1",
+        # ... except these MoE architectures (seen: Qwen1.5-MoE-A2.7B alone logs model_runner.py, Mixtral
+        # gpu_model_runner.py, data/calibration/raw/2026-12-01/M1, M2a).
+        moe_v2_architectures=frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                                        "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM",
+                                        "Qwen2MoeForCausalLM"}),
         # v1/worker/gpu/model_runner.py profile_cudagraph_memory returns 0 (V2 captures after sizing KV).
         v2_reserves_cudagraph=False,
         # engine/arg_utils.py get_batch_defaults: >= 70 GiB -> serve 8192 / LLM 16384, no larger tier. vLLM 0.26
@@ -385,7 +392,11 @@ def _rotary_buffer_bytes(spec, act_bytes: int, max_position: int | None = None) 
     # RotaryEmbedding.cos_sin_cache: max_position x rotary_dim in the model dtype (a buffer, loaded
     # with the weights). One per model (get_rope caches by parameters; target and draft rarely match).
     positions = max_position or spec.max_position_embeddings or 0
-    return positions * spec.head_dim * act_bytes
+    factor = _spec_get(spec, "rope_scaling_factor", 0.0) or 1.0
+    cache = int(positions * factor) * spec.head_dim * act_bytes
+    # Gemma-3: the sliding layers' own rope (rope_local_base_freq), unscaled, is a second buffer.
+    local = positions * spec.head_dim * act_bytes if _spec_get(spec, "rope_local_base_freq", 0.0) else 0
+    return cache + local
 
 
 def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "none",
@@ -410,7 +421,11 @@ def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "n
     qkv = h * (q_rank + 2 * kv_rank)
     o = q_rank * h
     mlp = 3 * h * (inter // tp) * (experts or 1)
-    router = h * experts  # replicated, unquantized
+    # An MoE layer's always-active shared expert is one more gated MLP (Qwen2-MoE's shared_expert_intermediate_size,
+    # DeepSeek's n_shared_experts x moe_intermediate_size), sharded like a dense MLP; Qwen2-MoE adds a 1-wide gate.
+    shared = (_spec_get(spec, "shared_expert_intermediate_size", 0) or 0) if experts else 0
+    mlp += 3 * h * (shared // tp)
+    router = h * experts + (h if shared and "qwen2" in (spec.family or spec.architecture).lower() else 0)
     linear = L * (qkv + o + mlp)
     qkv_bias = L * (q_rank + 2 * kv_rank) if "qwen2" in (spec.family or spec.architecture).lower() else 0
     qk_norm = L * 2 * hd if "qwen3" in (spec.family or spec.architecture).lower() else 0
@@ -574,7 +589,7 @@ def _model_runner(target, draft, rules: GpuAccounting | None = None) -> str:
     if draft is not None and not getattr(draft, "is_eagle", False):
         return rules.draft_model_runner
     if _spec_get(target, "num_experts", 0):
-        return rules.moe_runner
+        return "v2" if target.architecture in rules.moe_v2_architectures else rules.moe_runner
     return "v2"
 
 
@@ -607,15 +622,41 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, num_speculativ
     return sorted(set(sizes))
 
 
+def moe_workspace_bytes(spec, tp: int, act_bytes: int, T: int) -> int:
+    """The routed experts' scratch of a profile-run step of T tokens, as vLLM 0.26 allocates it: TritonExperts.
+    workspace_shapes (fused_moe/experts/triton_moe.py) asks for (T, top_k, max(I, H)) and (T, top_k, max(2I, H))
+    elements (I: the expert's intermediate size per TP rank; the first also holds the (T, H) output), taken in one
+    allocation from the worker's WorkspaceManager (v1/worker/workspace.py get_simultaneous, 256-byte aligned).
+    That buffer is never freed, so it sits under every later transient of the profile run; 0 for dense models."""
+    experts = _spec_get(spec, "num_experts", 0) or 0
+    if not experts:
+        return 0
+    top_k = _spec_get(spec, "num_experts_per_tok", 0) or 1
+    inter = (_spec_get(spec, "moe_intermediate_size", 0) or spec.intermediate_size) // tp
+    h = spec.hidden_size
+    ws13 = max(T * top_k * max(inter, h), T * h) * act_bytes
+    ws2 = T * top_k * max(2 * inter, h) * act_bytes
+    return cdiv(ws13, 256) * 256 + cdiv(ws2, 256) * 256
+
+
 def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec) -> dict:
     c = MODEL_CONSTANTS
 
     def fwd(spec):
         qkv = (spec.num_attention_heads // tp + 2 * kv_heads_per_rank(spec, tp)) * spec.head_dim
-        return T * act_bytes * (c["fwd_hidden_copies"] * spec.hidden_size
-                                + c["fwd_intermediate_copies"] * (spec.intermediate_size // tp)
-                                + c["fwd_qkv_copies"] * qkv)
+        if _spec_get(spec, "num_experts", 0):
+            # MoE layer: the routed experts work in the persistent workspace (moe_workspace_bytes); what is
+            # transient is the shared expert's gated MLP, when there is one, and the fused op's (T, H) output
+            # (fused_moe/modular_kernel.py: torch.empty_like(hidden_states)).
+            shared = _spec_get(spec, "shared_expert_intermediate_size", 0) or 0
+            mlp = c["fwd_intermediate_copies"] * (shared // tp) + spec.hidden_size
+        else:
+            mlp = c["fwd_intermediate_copies"] * (spec.intermediate_size // tp)
+        return T * act_bytes * (c["fwd_hidden_copies"] * spec.hidden_size + mlp + c["fwd_qkv_copies"] * qkv)
 
+    # One WorkspaceManager per worker: target and an MoE draft share the buffer, which grows to the larger need.
+    workspace = max(moe_workspace_bytes(target, tp, act_bytes, T),
+                    moe_workspace_bytes(draft, tp, act_bytes, T) if draft is not None else 0)
     target_fwd = fwd(target)
     # The drafter's dummy run follows the target's, with the target's hidden states still alive.
     draft_fwd = (T * target.hidden_size * act_bytes + fwd(draft)) if draft is not None else 0
@@ -625,7 +666,7 @@ def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec)
     # The rejection-sampler dummy run (spec decode) comes after the sampler's tensors are freed and
     # holds fewer copies, so it does not raise the peak.
     return {"target_forward": target_fwd, "draft_forward": draft_fwd, "sampler": sampler,
-            "total": max(target_fwd, draft_fwd, sampler)}
+            "moe_workspace": workspace, "total": workspace + max(target_fwd, draft_fwd, sampler)}
 
 
 def _cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec, runner="v1",

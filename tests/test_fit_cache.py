@@ -36,3 +36,24 @@ def test_disk_cache_equals_a_refit_and_follows_the_tables(tmp_path, monkeypatch)
         f.write_text("{garbage")
     _fresh()
     assert stepcost.fitted_overheads(folder) == refit
+
+
+def test_method_replay_disk_cache_equals_a_fresh_replay(tmp_path, monkeypatch):
+    """The ngram/suffix priors' replay counters are kept on disk; read back they give the same prior, and a
+    damaged file means a replay, never an error."""
+    from draftfit.acceptance import method_prior as mp
+
+    monkeypatch.setenv("DRAFTFIT_CACHE", str(tmp_path / "cache"))
+    mp.method_acceptance.cache_clear()
+    fresh = {m: mp.method_acceptance(m, "code") for m in ("ngram", "suffix")}
+    files = list((tmp_path / "cache" / "method-replay").glob("*.json"))
+    assert len(files) == 2
+    mp.method_acceptance.cache_clear()
+    cached = {m: mp.method_acceptance(m, "code") for m in ("ngram", "suffix")}
+    assert cached == fresh
+    assert fresh["suffix"].alpha != fresh["ngram"].alpha  # two methods, two keys: not one file read twice
+    for f in files:
+        f.write_text("{garbage")
+    mp.method_acceptance.cache_clear()
+    assert {m: mp.method_acceptance(m, "code") for m in ("ngram", "suffix")} == fresh
+    mp.method_acceptance.cache_clear()

@@ -88,6 +88,16 @@ class ReplayCounts:
     output_tokens: int = 0
     groups: list[dict] = field(default_factory=list)
 
+    def add_request(self, g: dict, index: int) -> None:
+        """Fold one request's counters (a group) into the totals; the group is kept for the bootstrap."""
+        self.num_drafts += g["num_drafts"]
+        self.num_draft_tokens += g["num_draft_tokens"]
+        self.num_accepted += g["num_accepted"]
+        self.steps += g["steps"]
+        self.output_tokens += g["output_tokens"]
+        self.per_position_accepted = [a + b for a, b in zip(self.per_position_accepted, g["per_position_accepted"])]
+        self.groups.append({**g, "prompts": [index]})
+
 
 def replay_request(prompt: list[int], output: list[int], *, k: int, min_n: int, max_n: int,
                    max_model_len: int = 1 << 30) -> dict:
@@ -128,14 +138,8 @@ def replay(requests: list[tuple[list[int], list[int]]], *, k: int, min_n: int = 
         raise DraftfitError(f"K {k} is not a positive number of speculative tokens", fix="e.g. K 4")
     out = ReplayCounts(k=k, min_n=min_n, max_n=max_n, per_position_accepted=[0] * k)
     for i, (prompt, output) in enumerate(requests):
-        g = replay_request(list(prompt), list(output), k=k, min_n=min_n, max_n=max_n, max_model_len=max_model_len)
-        out.num_drafts += g["num_drafts"]
-        out.num_draft_tokens += g["num_draft_tokens"]
-        out.num_accepted += g["num_accepted"]
-        out.steps += g["steps"]
-        out.output_tokens += g["output_tokens"]
-        out.per_position_accepted = [a + b for a, b in zip(out.per_position_accepted, g["per_position_accepted"])]
-        out.groups.append({**g, "prompts": [i]})
+        out.add_request(replay_request(list(prompt), list(output), k=k, min_n=min_n, max_n=max_n,
+                                       max_model_len=max_model_len), i)
     return out
 
 

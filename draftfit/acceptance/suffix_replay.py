@@ -354,13 +354,7 @@ def replay_suffix(requests, *, k: int, config: SuffixConfig = SuffixConfig(), sc
     for i, s in enumerate(state):
         g = s["g"]
         g["output_tokens"] = len(reqs[i][1])
-        out.num_drafts += g["num_drafts"]
-        out.num_draft_tokens += g["num_draft_tokens"]
-        out.num_accepted += g["num_accepted"]
-        out.steps += g["steps"]
-        out.output_tokens += g["output_tokens"]
-        out.per_position_accepted = [a + b for a, b in zip(out.per_position_accepted, g["per_position_accepted"])]
-        out.groups.append({**g, "prompts": [i]})
+        out.add_request(g, i)
     return out
 
 

@@ -250,11 +250,13 @@ def test_calibration_cells_through_real_ray_file_lanes_and_resume(ray_session, t
     for cell, entry in zip(cells, campaign):
         (lanes / f"{cell.cell_id}.json").write_text(json.dumps({"configs": [entry]}))
     tables = tmp_path / "tables"
-    from draftfit.sweep import run_sweep
-
-    result = run_sweep(cells, lanes_dir=str(lanes), tables_dir=str(tables))
-    assert [c.status for c in result.cells] == ["skipped"] * 3 and result.tables
-    table = json.loads(Path(result.tables[0]).read_text())
+    res = CliRunner().invoke(cli, [*argv[:-1], "--tables-dir", str(tables)])  # the text view this time
+    assert res.exit_code == 0, res.output
+    assert "3 skipped (already stored), 0 failed" in " ".join(res.stdout.split())
+    assert "Llama-3.1-8B + Llama-3.2-1B K=4" in res.stdout and "skipped" in res.stdout
+    (written,) = tables.glob("*.json")
+    assert f"table written: {written}" in res.stdout.replace("\n", "")
+    table = json.loads(written.read_text())
     assert table["target"] == "Llama-3.1-8B" and table["draft"] == "Llama-3.2-1B"
 
 

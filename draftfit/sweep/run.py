@@ -248,6 +248,8 @@ def run_sweep(cells: list, *, ray_address: str | None = None, store_path: str | 
     if calibrate and pp != 1:
         raise DraftfitError("calibration cells time one node's GPUs; --pp does not apply",
                             fix="drop --pp (use --tp for the GPUs of one node)")
+    if ray_address:  # a wrong address is one line in seconds, before Ray is even imported
+        _check_reachable(ray_address)
     ray = _import_ray()
     t0 = time.monotonic()
     address, started = connect(ray, ray_address, ray_init_kwargs)

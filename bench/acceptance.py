@@ -32,7 +32,7 @@ HF_REPLICATES = 4  # estimate_hf's default: seeded speculative chains per prompt
 
 
 def _measure(store, **kw):
-    from draftfit.cli.commands.measure import run_measurement
+    from draftfit.acceptance.measure.run import run_measurement
     from draftfit.assets.models import DRAFT, TARGET
 
     t0 = time.monotonic()

@@ -14,7 +14,7 @@ def vllm_pair_run(tmp_path_factory):
     (tests/test_sweep.py), so that comparison costs no second engine."""
     pytest.importorskip("vllm")
     from draftfit.assets.models import DRAFT, TARGET
-    from draftfit.cli.commands.measure import run_measurement
+    from draftfit.acceptance.measure.run import run_measurement
 
     store = tmp_path_factory.mktemp("pair-store") / "m.sqlite"
     raw = []

@@ -102,7 +102,7 @@ def test_cpu_expand_shim_is_replaced_when_broken():
 @NEEDS_PAIR
 @pytest.mark.vllm
 def test_hf_estimator_agrees_with_vllm_at_greedy(vllm_run, tmp_path):
-    from draftfit.cli.commands.measure import run_measurement
+    from draftfit.acceptance.measure.run import run_measurement
 
     res_v, _, _, _ = vllm_run
     res_h = run_measurement(TARGET, DRAFT, workload="code", temperatures=[0.0], k=K, num_prompts=PROMPTS,

@@ -305,7 +305,7 @@ def test_sweep_killed_after_its_first_cell_resumes_and_matches_direct_measures(r
     4. a third sweep runs nothing (all skipped, no new run)."""
     from draftfit.acceptance.store import MeasurementStore
     from draftfit.cli import cli
-    from draftfit.cli.commands.measure import run_measurement
+    from draftfit.acceptance.measure.run import run_measurement
 
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
     store = tmp_path / "s.sqlite"

@@ -20,7 +20,7 @@ from draftfit.acceptance.measure.user_prompts import load_prompts_file
 from draftfit.assets.models import weights_fingerprint
 from draftfit.calibration.tables import model_spec, slug
 from draftfit.catalog.specs import NO_MODEL_METHODS
-from draftfit.cli.commands.measure import resolve_local
+from draftfit.acceptance.measure.run import resolve_local
 from draftfit.layout import check_int, check_tp
 
 Device = Literal["cpu", "gpu"]

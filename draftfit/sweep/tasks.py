@@ -20,7 +20,7 @@ from draftfit.errors import DraftfitError
 from draftfit.acceptance.store import MeasurementStore
 from draftfit.calibration import tables as cal
 from draftfit.calibration import worker
-from draftfit.cli.commands.measure import run_measurement
+from draftfit.acceptance.measure.run import run_measurement
 
 
 def measure_task(cell: dict, engine_args: dict, env: dict) -> dict:

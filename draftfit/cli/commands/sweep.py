@@ -15,8 +15,8 @@ from draftfit import sweep as sw
 from draftfit.acceptance.measure.prompts import WORKLOADS
 from draftfit.calibration.tables import cli_command
 from draftfit.cli.commands.calibrate import CALIBRATE_K_MAX, _ints
-from draftfit.cli.commands.measure import (MAX_MODEL_LEN_TOKENS, MAX_PROMPTS, MAX_SEED, MAX_TOKENS, MEASURE_K_MAX,
-                                           MIN_MODEL_LEN_TOKENS)
+from draftfit.acceptance.measure.run import (MAX_MODEL_LEN_TOKENS, MAX_PROMPTS, MAX_SEED, MAX_TOKENS,
+                                             MEASURE_K_MAX, MIN_MODEL_LEN_TOKENS)
 from draftfit.paths import default_store_path
 from draftfit.layout import (MAX_BATCH, check_float, check_int, check_k, check_name, check_temperature,
                              parse_float_list)

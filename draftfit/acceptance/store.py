@@ -354,25 +354,11 @@ class MeasurementStore:
                 "output_tokens": result.output_tokens, "seconds": result.seconds,
                 "tokens_per_s": result.tokens_per_s,
             })
-        conn = self._conn
+        def details(rid: int) -> None:
+            if result is not None:
+                self._insert_details(rid, result)
 
-        def write() -> int:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                cur = conn.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                                   list(cols.values()))
-                rid = cur.lastrowid
-                if result is not None:
-                    self._insert_details(rid, result)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return rid
-
-        run_id = self._retrying(write)  # a finished measurement waits out other writers, never dropped
-        self._index = None
+        run_id = self._insert_run(cols, details)  # a finished measurement waits out other writers, never dropped
         if result is not None:
             result.run_id = run_id
         return run_id
@@ -453,17 +439,27 @@ class MeasurementStore:
         cols["extra"] = json.dumps(row.get("extra") or {}, sort_keys=True)
         conn = self._conn
 
+        def details(rid: int) -> None:
+            conn.executemany("INSERT INTO run_positions (run_id, position, accepted) VALUES (?, ?, ?)",
+                             [(rid, i, int(c)) for i, c in enumerate(row.get("per_position_accepted") or [])])
+            conn.executemany(
+                "INSERT INTO run_groups (run_id, group_index, num_drafts, per_position_accepted) "
+                "VALUES (?, ?, ?, ?)", [(rid, i, int(g["num_drafts"]), json.dumps(g["per_position_accepted"]))
+                                        for i, g in enumerate(row.get("groups") or [])])
+
+        return self._insert_run(cols, details)
+
+    def _insert_run(self, cols: dict, details) -> int:
+        """One run row and its detail rows (details(run_id)) in one IMMEDIATE transaction, retried while other
+        writers hold the lock; the lookup index is rebuilt on next use."""
+        conn = self._conn
+
         def write() -> int:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 rid = conn.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                                    list(cols.values())).lastrowid
-                conn.executemany("INSERT INTO run_positions (run_id, position, accepted) VALUES (?, ?, ?)",
-                                 [(rid, i, int(c)) for i, c in enumerate(row.get("per_position_accepted") or [])])
-                conn.executemany(
-                    "INSERT INTO run_groups (run_id, group_index, num_drafts, per_position_accepted) "
-                    "VALUES (?, ?, ?, ?)", [(rid, i, int(g["num_drafts"]), json.dumps(g["per_position_accepted"]))
-                                            for i, g in enumerate(row.get("groups") or [])])
+                details(rid)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:

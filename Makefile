@@ -51,7 +51,7 @@ tools:
 	  || echo "shellcheck not installed: the launch-script lint test will skip"
 
 test: full fixtures models tools
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=12
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=12 -n 2 --dist loadgroup
 
 bench: full fixtures
 	$(BIN)/python bench/cli_latency.py

@@ -3,6 +3,18 @@ its counters, and one local Ray per test session."""
 
 import pytest
 
+# Files whose tests start real engines or a local Ray: under `pytest -n 2 --dist loadgroup` (make test) they all
+# run in one worker, one after another (a real-pair engine peaks near 15 GB; two would not fit), while the other
+# worker takes the quick tests.
+_ENGINE_FILES = ("test_sweep.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if (item.get_closest_marker("vllm") or item.get_closest_marker("models")
+                or item.nodeid.split("::")[0].endswith(_ENGINE_FILES)):
+            item.add_marker(pytest.mark.xdist_group("engines"))
+
 # The real pair at greedy and T=0.7 in one engine: 2 code prompts x 24 tokens, K=4 (CI has 2 cores).
 PAIR_PROMPTS, PAIR_TOKENS, PAIR_K, PAIR_TEMPERATURES = 2, 24, 4, (0.0, 0.7)
 

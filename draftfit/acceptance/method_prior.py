@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from draftfit.acceptance.curve import iid_alpha
 from draftfit.acceptance.prior import AcceptanceEstimate
 from draftfit.acceptance.replay import ReplayCounts, replay
 from draftfit.acceptance.suffix_replay import SuffixConfig, replay_suffix
-from draftfit.paths import DATA_DIR, cache_dir
+from draftfit.paths import DATA_DIR, cache_dir, read_json, write_json_atomic
 
 NGRAM_DIR = DATA_DIR / "reference" / "ngram"
 PUBLISHED_PRIORS = DATA_DIR / "reference" / "method_priors_published.yaml"
@@ -67,24 +66,18 @@ def _replayed(method: str, requests: list, workload: str = "") -> tuple[object, 
     lo, hi = NGRAM_LOOKUP
     label = f"ngram {lo}-{hi}" if method == "ngram" else "suffix"
     key = _replay_key(method, workload)
-    if key is not None:
+    cached = read_json(_replay_cache_path(key)) if key is not None else None
+    if isinstance(cached, dict):
         try:
-            return ReplayCounts(**json.loads(_replay_cache_path(key).read_text())), label
-        except (OSError, ValueError, TypeError):
-            pass  # none yet, or unreadable: replay
+            return ReplayCounts(**cached), label
+        except TypeError:
+            pass  # another shape: replay
     if method == "ngram":
         counts = replay(requests, k=PRIOR_K, min_n=lo, max_n=hi)
     else:
         counts = replay_suffix(requests, k=PRIOR_K, config=SUFFIX_CONFIG, schedule="sequential")
     if key is not None:
-        try:
-            path = _replay_cache_path(key)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(dataclasses.asdict(counts)))
-            os.replace(tmp, path)  # atomic: a concurrent reader sees no file or the whole one
-        except OSError:
-            pass  # a read-only cache only costs the replay
+        write_json_atomic(_replay_cache_path(key), dataclasses.asdict(counts))  # read-only: only costs the replay
     return counts, label
 
 

@@ -29,7 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from draftfit import __version__
-from draftfit.paths import CATALOG_DIR
+from draftfit.paths import CATALOG_DIR, write_json_atomic
 from draftfit.catalog.specs import resolve_model
 from draftfit.compat import tokenizers as tokenizers_mod
 from draftfit.compat.tokenizers import catalog_verdict
@@ -475,16 +475,8 @@ def _read_cached_prior(path: Path, fingerprint: str) -> AcceptancePrior | None:
 
 
 def _write_cached_prior(path: Path, fingerprint: str, prior: AcceptancePrior) -> None:
-    # Written to a temporary name then renamed: concurrent ranks never read half a file.
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps({"format": PRIOR_CACHE_FORMAT, "fingerprint": fingerprint, **prior.to_state()}))
-        os.replace(tmp, path)
-    except OSError:  # a read-only folder: the cache is an optimisation, rank works without it
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+    # Atomic, and skipped in a read-only folder: the cache is an optimisation, rank works without it.
+    write_json_atomic(path, {"format": PRIOR_CACHE_FORMAT, "fingerprint": fingerprint, **prior.to_state()})
 
 
 @lru_cache(maxsize=1)

@@ -33,7 +33,7 @@ from pathlib import Path
 from draftfit.errors import DraftfitError
 from draftfit.calibration import drain as _drain_module, tables as _tables_module
 from draftfit.calibration.tables import CALIBRATION_DIR, PooledSteps, find_tables, load_tables, model_spec as resolve
-from draftfit.paths import cache_dir
+from draftfit.paths import cache_dir, read_json, write_json_atomic
 from draftfit.catalog.specs import GpuSpec, resolve_gpu
 from draftfit.memory.plan import linear_bytes_per_param, weights_bytes_per_rank as weights_bytes_per_rank_plan
 from draftfit.vllm_version import modelled_version
@@ -602,23 +602,13 @@ def _fit_cache_path(key: str) -> Path:
 
 
 def _read_disk_fit(key: str) -> dict | None:
-    try:
-        data = json.loads(_fit_cache_path(key).read_text())
-    except (OSError, ValueError):
-        return None  # none yet, or unreadable: refit
+    data = read_json(_fit_cache_path(key))  # None: none yet, or unreadable: refit
     ok = isinstance(data, dict) and all(isinstance(data.get(k), (int, float)) for k in PRIOR_OVERHEADS)
     return data if ok else None
 
 
 def _write_disk_fit(key: str, fit: dict) -> None:
-    try:
-        path = _fit_cache_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(fit))
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the whole new one
-    except OSError:
-        pass  # a read-only cache only costs the refit
+    write_json_atomic(_fit_cache_path(key), fit)  # a read-only cache only costs the refit
 
 
 @dataclass

@@ -55,3 +55,26 @@ def ray_session():
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def vllm_parses_serve_cmd():
+    """A function: the `vllm serve` argv of a `draftfit serve-cmd --json` answer through vLLM's own argument
+    parser (EngineArgs.add_cli_args) -> (the speculative config vLLM parsed, SpeculativeConfig's field names).
+    Skips where vLLM is not installed."""
+    import json
+
+    arg_utils = pytest.importorskip("vllm.engine.arg_utils")
+    from vllm.config.speculative import SpeculativeConfig
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = arg_utils.EngineArgs.add_cli_args(FlexibleArgumentParser())
+
+    def parse(cmd: dict) -> tuple[dict, set]:
+        argv = cmd["argv"]
+        assert argv[:2] == ["vllm", "serve"]
+        ns = parser.parse_args(["--model", argv[2], *argv[3:]])
+        spec = ns.speculative_config
+        return (spec if isinstance(spec, dict) else json.loads(spec)), set(SpeculativeConfig.__dataclass_fields__)
+
+    return parse

@@ -18,23 +18,15 @@ def _serve(*args):
     return json.loads(res.stdout)
 
 
-def test_serve_cmd_ngram_parses_in_vllms_own_argument_parser():
+def test_serve_cmd_ngram_parses_in_vllms_own_argument_parser(vllm_parses_serve_cmd):
     cmd = _serve("Llama-3.1-8B", "ngram", "--tp", "2")
     spec = cmd["speculative_config"]
     assert spec["method"] == "ngram" and "model" not in spec and "draft_tensor_parallel_size" not in spec
     assert spec["prompt_lookup_min"] <= spec["prompt_lookup_max"]
-    arg_utils = pytest.importorskip("vllm.engine.arg_utils")
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = arg_utils.EngineArgs.add_cli_args(FlexibleArgumentParser())
-    argv = cmd["argv"]
-    assert argv[:2] == ["vllm", "serve"]
-    ns = parser.parse_args(["--model", argv[2], *argv[3:]])
-    parsed = ns.speculative_config if isinstance(ns.speculative_config, dict) else json.loads(ns.speculative_config)
+    parsed, fields = vllm_parses_serve_cmd(cmd)
     assert parsed["method"] == "ngram" and parsed["num_speculative_tokens"] == cmd["k"]
     # vLLM's SpeculativeConfig declares every field draftfit writes
-    fields = __import__("vllm.config.speculative", fromlist=["x"]).SpeculativeConfig.__dataclass_fields__
-    assert set(parsed) <= set(fields)
+    assert set(parsed) <= fields
 
 
 def test_ngram_costs_no_memory_and_no_draft_passes():

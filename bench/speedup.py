@@ -54,22 +54,29 @@ def _corrector_for(train, overheads):
     return SpeedupCorrector().fit(ts.X, ts.y)
 
 
-def evaluate(tables) -> dict:
+def evaluate(tables, vllm_version: str | None = None) -> dict:
     """Leave each configuration out: overheads and correction fitted on the other tables' steady-state step
-    costs, the held-out one predicted and scored against its measured steady-state speedups."""
+    costs, the held-out one predicted and scored against its measured steady-state speedups. Only the tables of
+    `vllm_version`'s modelled vLLM are held out (0.26's when None), and the overheads are fitted as
+    fitted_overheads does for that version (its own tables; a later version starts from 0.26's fit). The learned
+    correction is 0.26's alone (stepcost.tables_of_version: it is trained on 0.26 tables)."""
     from draftfit.calibration.tables import PooledSteps
-    from draftfit.speedup.stepcost import fitted_overheads
+    from draftfit.speedup.stepcost import fitted_overheads, tables_of_version
 
     cases, best_cases = [], []
+    version_tables = tables_of_version(tables, vllm_version)
+    later = bool(vllm_version) and tables_of_version(tables, vllm_version) != tables_of_version(tables, None)
     # A configuration measured at several synthetic rates (one table each) is held out as a whole: its step
     # costs do not depend on the rate, so a table of the same pair in training would leak them.
     by_pair: dict = {}
-    for t in tables:
+    for t in version_tables:
         by_pair.setdefault(t.configuration, []).append(t)
     for pair, held_tables in by_pair.items():
-        train = [t for t in tables if t.configuration != pair]
-        overheads = fitted_overheads(tables=train) if train else None
-        corrector = _corrector_for(train, overheads) if train else None
+        # A later version's fit starts from 0.26's, which has seen this pair under 0.26: that is what a user of
+        # the later version gets, so it stays in training; only the held-out version's own tables are left out.
+        train = [t for t in tables if not (t.configuration == pair and t in version_tables)]
+        overheads = fitted_overheads(tables=train, vllm_version=vllm_version) if train else None
+        corrector = _corrector_for(tables_of_version(train, None), overheads) if train and not later else None
         pooled = PooledSteps(held_tables)
         for held in held_tables:
             _score_held_out(held, overheads, corrector, cases, best_cases, pooled)
@@ -543,6 +550,38 @@ def plot_held_out(result: dict, out_dir: Path) -> list[Path]:
     return written
 
 
+def render_versions(tables) -> str:
+    """The same leave-one-configuration-out on each modelled vLLM's own tables, side by side (issue 17)."""
+    from draftfit.speedup.stepcost import tables_of_version
+    from draftfit.vllm_version import MODELLED
+
+    rows, per_cfg = [], []
+    for v in MODELLED:
+        own = tables_of_version(tables, v)
+        if not own:
+            continue
+        s = summarize(evaluate(tables, v))
+        if not s:
+            continue
+        rows.append([f"vLLM {v}", s["n_pairs"], s["n"], f"{s['mape_draftfit']:.1%}", f"{s['within15_draftfit']:.0%}",
+                     f"{s['bestk_multi']}/{s['n_multi']}", f"{s['decision_multi']}/{s['n_multi']}",
+                     f"{s['mape_leviathan']:.1%}"])
+        if v != MODELLED[0]:
+            for cfg, e in s["per_config"].items():
+                per_cfg.append([f"vLLM {v}", cfg, e["n"], f"{e['mean']:.1%}", f"{e['bias']:+.1%}", f"{e['within15']:.0%}"])
+    if len(rows) < 2:
+        return ""
+    text = ("### Per vLLM version\n\nEach version's tables held out in turn, the overheads fitted on that version's "
+            "other tables as `stepcost.fitted_overheads(vllm_version=...)` does (a later version's fit starts from 0.26's; "
+            "vLLM 0.33 charges all K draft passes, FIRST_DRAFT_PASS_HIDDEN). The learned correction is 0.26's only.\n\n"
+            + markdown_table(["version", "configurations", "points", "mean abs error", "within 15 %",
+                              "best K (multi-K cases)", "decision right", "Leviathan formula error"], rows))
+    if per_cfg:
+        text += "\n\n" + markdown_table(["version", "held-out configuration", "points", "mean abs error", "bias",
+                                           "within 15 %"], per_cfg)
+    return text
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calibration-dir", type=Path, default=None)
@@ -559,7 +598,12 @@ def main(argv=None) -> int:
         plots = plot_held_out(result, args.plot_dir)
         text += "\n\nHeld-out predictions against K: " + ", ".join(
             f"[{p.stem}](docs/speedup/{p.name})" for p in plots) + "."
-    pre = render_preregistered(preregistered(tables)) if tables else ""
+    versions = render_versions(tables) if tables else ""
+    if versions:
+        text += "\n\n" + versions
+    from draftfit.speedup.stepcost import tables_of_version
+
+    pre = render_preregistered(preregistered(tables_of_version(tables))) if tables else ""  # 0.26 predictions
     if pre:
         text += "\n\n" + pre
     text += "\n\n" + leviathan_table4()

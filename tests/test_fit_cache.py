@@ -9,7 +9,7 @@ from draftfit.speedup import stepcost
 
 
 def _fresh():
-    stepcost._FITTED = None
+    stepcost._FITTED = {}
     stepcost._FITTED_BY_TABLES.clear()
 
 

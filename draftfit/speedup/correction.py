@@ -39,7 +39,7 @@ from draftfit.paths import DATA_DIR
 from draftfit.acceptance.curve import expected_tokens_per_step, extend_curve
 from draftfit.rules import NO_SPECULATION_BELOW, best_k
 from draftfit.calibration.tables import load_tables
-from draftfit.speedup.stepcost import calibration_points, fitted_overheads, gpu_spec, graph_miss, model_spec, prior_step_cost
+from draftfit.speedup.stepcost import calibration_points, fitted_overheads, gpu_spec, graph_miss, model_spec, prior_step_cost, tables_of_version
 
 MODEL_DIR = DATA_DIR / "models"
 MODEL_PATH = MODEL_DIR / "speedup_model.joblib"
@@ -163,7 +163,7 @@ def loo_by_configuration(tables, **params) -> dict | None:
     import numpy as np
 
 
-    usable = [t for t in tables if training_set([t]).y]
+    usable = [t for t in tables_of_version(tables) if training_set([t]).y]
     configurations = sorted({t.configuration for t in usable})
     if len(configurations) < 2:
         return None
@@ -233,7 +233,8 @@ def fit_default(tables=None, *, model_dir: Path = MODEL_DIR) -> FitReport:
     import sklearn
 
 
-    tables = load_tables() if tables is None else tables
+    # 0.26's tables only: the 0.33 prior has overheads of its own and too few configurations to learn from.
+    tables = tables_of_version(load_tables() if tables is None else tables)
     # The prior it corrects is the one predictions use: overheads refitted on these same tables.
     ts = training_set(tables, overheads=fitted_overheads(tables=tables))
     if len(ts.y) < 4:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from draftfit.acceptance.curve import _check_alpha, _check_curve, expected_tokens_per_step, extend_curve
 from draftfit.errors import DraftfitError
 from draftfit.rules import NO_SPECULATION_BELOW, best_k
+from draftfit.calibration.tables import DEFAULT_TABLE_VLLM
 from draftfit.speedup.stepcost import step_cost_model
 
 LEVIATHAN = "Leviathan et al. 2023, arXiv:2211.17192, eq. 1 and Thm 3.8"
@@ -205,7 +206,11 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         notes.append(f"measured speedups are at the calibration's synthetic acceptance {table.acceptance}")
     corrected_by = None
     if correction is not None and not model.source.startswith("calibrated"):
-        corrected_by = correction.apply(out, model, acc, tp, notes)
+        if model.vllm_version == DEFAULT_TABLE_VLLM:
+            corrected_by = correction.apply(out, model, acc, tp, notes)
+        else:  # it learned the residuals of 0.26's prior (trained on 0.26 tables: speedup.correction)
+            notes.append(f"learned correction not applied: it is trained on vLLM {DEFAULT_TABLE_VLLM} tables, these "
+                         f"step costs are vLLM {model.vllm_version}'s")
     best_by_batch = {b: p.best_k for b, p in out.items()}
     schedule = k_schedule(best_by_batch)
     dominant = batches[0] if len(batches) == 1 else max(out, key=lambda b: out[b].speedup if out[b].best_k else 0)

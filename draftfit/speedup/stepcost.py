@@ -32,7 +32,8 @@ from pathlib import Path
 
 from draftfit.errors import DraftfitError
 from draftfit.calibration import drain as _drain_module, tables as _tables_module
-from draftfit.calibration.tables import CALIBRATION_DIR, PooledSteps, find_tables, load_tables, model_spec as resolve
+from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, PooledSteps, find_tables, load_tables,
+                                         model_spec as resolve)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
 from draftfit.catalog.specs import GpuSpec, resolve_gpu
 from draftfit.memory.plan import linear_bytes_per_param, weights_bytes_per_rank as weights_bytes_per_rank_plan
@@ -266,11 +267,27 @@ def draft_layer_ms(overheads: dict, tp: int) -> float:
     return overheads[host_term(tp)]
 
 
-def draft_passes_ms(k: int, roofline_ms: float, num_layers: int, layer_ms: float) -> float:
+# Whether the draft's first pass hides under the target's verify, per modelled vLLM. 0.26's V1 proposer launches
+# it right behind the verify from CUDA graphs (draft_passes_ms). 0.33's V2 draft_model speculator
+# (v1/worker/gpu/spec_decode/standalone_ar/speculator.py: init_cudagraph_manager and capture are `pass`, every
+# pass built with CUDAGraphMode.NONE) runs all K passes eagerly, the first a prefill over the verified tokens, so
+# each pays its host launch time; its H200 tables fit better with K passes charged than with K-1.
+FIRST_DRAFT_PASS_HIDDEN = {"0.26": True, "0.33": False}
+
+
+def first_pass_hidden(overheads: dict | None) -> bool:
+    """FIRST_DRAFT_PASS_HIDDEN of the vLLM `overheads` were fitted for (fitted_overheads' `vllm_version`)."""
+    return FIRST_DRAFT_PASS_HIDDEN.get((overheads or {}).get("vllm_version") or DEFAULT_TABLE_VLLM, True)
+
+
+def draft_passes_ms(k: int, roofline_ms: float, num_layers: int, layer_ms: float, hidden_first: bool = True) -> float:
     """K draft passes. vLLM launches the first (propose(), before its loop) right behind the target's verify
     pass, so its host time hides under the verify still running on the GPU; the K-1 loop passes have nothing
     to hide behind and each costs draft_pass_ms. Measured: K=1 adds about the same to an 8B target's step
-    with a 16-layer and a 28-layer draft, each further pass about 2x more with the 28-layer one."""
+    with a 16-layer and a 28-layer draft, each further pass about 2x more with the 28-layer one. Where the first
+    pass does not hide (hidden_first False: FIRST_DRAFT_PASS_HIDDEN), all K cost draft_pass_ms."""
+    if not hidden_first:
+        return k * draft_pass_ms(roofline_ms, num_layers, layer_ms)
     return roofline_ms + (k - 1) * draft_pass_ms(roofline_ms, num_layers, layer_ms)
 
 
@@ -282,6 +299,7 @@ def draft_pass_ms(roofline_ms: float, num_layers: int, layer_ms: float) -> float
 def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
                     overheads: dict | None = None) -> StepCost:
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
+    hidden = first_pass_hidden(overheads)
     base = forward_ms(target, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
         + ov["plain_ms"] + ov["plain_seq_ms"] * batch
     draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
@@ -291,7 +309,7 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
         eager = _eager_ms(target, draft, batch=batch, k=k, overheads=ov)
         verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
         verify[k] = verify_roof + eager
-        spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) \
+        spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp), hidden) \
             + k * batch * ov["draft_seq_ms"] + ov["spec_ms"] + ov["spec_seq_ms"] * batch
         host_ms, gpu_ms = _host_and_gpu_ms(draft, k=k, tp=tp, overheads=ov, verify_roof_ms=verify_roof,
                                            draft_roof_ms=draft_roof, eager_ms=eager)
@@ -318,14 +336,23 @@ def _interp_log_batch(points: dict, batch: int) -> float | None:
     return points[lo] * (1 - w) + points[hi] * w
 
 
-def _linear_fit(ks: list[int], ys: list[float]) -> tuple[float, float]:
+def _linear_fit(ks: list[int], ys: list[float], floor: float | None = None) -> tuple[float, float]:
+    """Least-squares line y = a + b K. With `floor` (the plain step at that batch), an intercept below it is
+    refitted at it: where all K draft passes are paid, a speculative step with no draft is the verify, at least a
+    plain step, and a line that says less has bent to noise (vLLM 0.33's eager draft loop: Llama-3.2-1B's K=1
+    steps measured above its K=2 steps at three of four batch sizes, and the free line then put K=1 at half its
+    measured cost, advising K=1 at batch 32 for 1.16x where 0.56x was measured)."""
     n = len(ks)
     if n == 1:
         return ys[0], 0.0
     mk, my = sum(ks) / n, sum(ys) / n
     var = sum((k - mk) ** 2 for k in ks)
     b = sum((k - mk) * (y - my) for k, y in zip(ks, ys)) / var if var else 0.0
-    return my - b * mk, b
+    a = my - b * mk
+    if floor is not None and a < floor:
+        a = floor
+        b = sum(k * (y - floor) for k, y in zip(ks, ys)) / sum(k * k for k in ks)
+    return a, b
 
 
 def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp: int = 1,
@@ -353,10 +380,13 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
         return None
     spec = {}
     if len(measured) >= 2:
-        a, b = _linear_fit(sorted(measured), [measured[k] for k in sorted(measured)])
+        # Where every draft pass is paid (FIRST_DRAFT_PASS_HIDDEN False) a step with no draft is the verify, at least
+        # a plain step, so the line's intercept is floored there; where the first pass hides it may lie below.
+        floor = None if first_pass_hidden(overheads) else base
+        a, b = _linear_fit(sorted(measured), [measured[k] for k in sorted(measured)], floor=floor)
         # With 3+ K the line replaces the measured points too: each K adds one draft pass and one verified
         # token, and on the H200 tables the line through one engine start's K predicts another start's
-        # steps better than its raw per-K values (mean error 15.7 % against 18.4 %, 128 points; README).
+        # steps better than its raw per-K values (mean error 15.2 % against 17.9 %, 128 points; docs/benchmarks.md).
         for k in k_values:
             spec[k] = (a + b * k if len(measured) >= 3 or k not in measured else measured[k]) * scale
     else:  # one K measured: the prior's step costs over K, scaled to pass through the measured one
@@ -380,7 +410,8 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
 
 def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: int, context_len: int,
                                overheads: dict) -> tuple[float, float]:
-    """The host launch time of vLLM's draft loop (K-1 passes of the draft's layers, plus every layer's
+    """The host launch time of vLLM's draft loop (K-1 passes of the draft's layers, K where the first pass does
+    not hide (FIRST_DRAFT_PASS_HIDDEN), plus every layer's
     launches when batch x (K+1) tokens miss the CUDA graphs) and the step's GPU work (the verify of K+1
     tokens and K draft rooflines), in ms."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
@@ -398,7 +429,8 @@ def _eager_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
 
 def _host_and_gpu_ms(draft, *, k: int, tp: int, overheads: dict, verify_roof_ms: float, draft_roof_ms: float,
                      eager_ms: float) -> tuple[float, float]:
-    return (k - 1) * draft.num_layers * draft_layer_ms(overheads, tp) + eager_ms, verify_roof_ms + k * draft_roof_ms
+    passes = k if not first_pass_hidden(overheads) else k - 1
+    return passes * draft.num_layers * draft_layer_ms(overheads, tp) + eager_ms, verify_roof_ms + k * draft_roof_ms
 
 
 def is_host_bound(target, draft, gpu, *, batch: int, k: int, tp: int, context_len: int, overheads: dict) -> bool:
@@ -419,7 +451,8 @@ def host_bound_note(target, draft, gpu, *, tp: int, batch: int, context_len: int
     if host_ms <= gpu_ms:
         return None
     return (f"host-bound at batch {batch}: at K={k} vLLM's draft loop needs {host_ms:.1f} ms of host launch time "
-            f"({k - 1} passes x {draft.num_layers} layers of {draft.name}) for {gpu_ms:.1f} ms of GPU work, so the "
+            f"({k - 1 if first_pass_hidden(overheads) else k} passes x {draft.num_layers} layers of {draft.name}) for "
+            f"{gpu_ms:.1f} ms of GPU work, so the "
             "engine core's CPU thread sets the step; such steps varied up to 1.7x between runs on the H200 hosts "
             f"measured (README, host-trace), hence the prior's ±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} band there: "
             "the host CPU, not only the GPU, sets this speedup (`draftfit calibrate` on the server narrows it)")
@@ -432,8 +465,20 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
     t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
     ks = list(k_values)
     tables = find_tables(t.name, d.name, g.name, tp, calibration_dir, vllm_version=vllm_version)
+    # The 0.33 tables measure draft_model, whose V2 speculator runs eagerly; EAGLE-3/MTP heads there run the
+    # CUDA-graphed target-dependent speculator and ngram/suffix no model at all, so those keep 0.26's overheads
+    # and are treated as uncalibrated for the later version (band widened below).
+    measured_method = d.method == "draft_model"
+    ov = fitted_overheads(calibration_dir, vllm_version=vllm_version if measured_method else None)
+    fit_version = ov.get("vllm_version", DEFAULT_TABLE_VLLM)
+    own = [x for x in tables if x.modelled_vllm == fit_version]
+    if own or (vllm_version and fit_version == modelled_version(vllm_version)[0]):
+        # The version the overheads are fitted for has tables: another version's table of this pair is not used
+        # for it. On the H200 the 0.26 table of Llama-3.1-8B + 3.2-1B says 18 ms for a K=4 step at batch 1,
+        # vLLM 0.33 took 47; the 0.33 prior, fitted without that pair, is within 25 % on average
+        # (bench/speedup.py). Otherwise another version's table stands in and the band is widened below.
+        tables = own
     table = PooledSteps(tables) if tables else None
-    ov = fitted_overheads(calibration_dir)
     per_batch, notes = {}, []
     for b in batches:
         sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len,
@@ -443,16 +488,24 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         per_batch[b] = sc
     sources = {sc.source for sc in per_batch.values()}
     if table is None:
-        fitted = f"overheads fitted on {ov['n_spec']} calibrated points" if ov.get("n_spec") else "prior overheads"
+        fitted = (f"overheads fitted on {ov['n_spec']} calibrated vLLM {ov.get('vllm_version', DEFAULT_TABLE_VLLM)} "
+                  f"points" if ov.get("n_spec") else "prior overheads")
         notes.append(f"no calibration table for {t.name} + {d.name} on {g.name} TP={tp}: roofline prior with "
                      f"{fitted} (±{PRIOR_UNCERTAINTY_GPU_BOUND:.0%} where the GPU sets the step, "
                      f"±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} where the host does)")
     host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len, overheads=ov)
     if host_note:
         notes.append(host_note)
+    if measured_method and not first_pass_hidden(ov):
+        notes.append(f"vLLM {ov['vllm_version']} runs draft_model on its V2 model runner, whose draft passes run "
+                     f"without CUDA graphs ({ov.get('draft_layer_ms', 0):.2f} ms of host time per draft layer fitted, "
+                     f"0.26: {fitted_overheads(calibration_dir)['draft_layer_ms']:.2f}); on one H200 Llama-3.1-8B + "
+                     f"Llama-3.2-1B and Qwen3-8B + Qwen3-0.6B lost at every batch and K measured (0.16-0.85x). "
+                     f"VLLM_USE_V2_MODEL_RUNNER=0 selects the V1 runner (0.26's CUDA-graphed draft loop); draftfit "
+                     f"has not measured that under vLLM {ov['vllm_version']}")
     # Which vLLM the step costs stand for: the tables read, or those the prior's overheads were fitted on.
-    versions = sorted({x.modelled_vllm for x in (tables or load_tables(calibration_dir))})
-    used = ", ".join(versions) or "0.26"
+    versions = sorted({x.modelled_vllm for x in tables} if tables else {ov.get("vllm_version", DEFAULT_TABLE_VLLM)})
+    used = ", ".join(versions)
     widened = ""
     if vllm_version:
         wanted = modelled_version(vllm_version)[0]
@@ -462,7 +515,9 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
             per_batch = {b: replace(sc, uncertainty=sc.uncertainty * f,
                                     uncertainty_by_k={k: u * f for k, u in sc.uncertainty_by_k.items()})
                          for b, sc in per_batch.items()}
-            notes.append(f"step costs from vLLM {used} tables: vLLM {wanted} has no step-cost table, so the band is "
+            what = ("no step-cost table" if measured_method else
+                    f"no step-cost table for method {d.method} (its tables measure draft_model)")
+            notes.append(f"step costs from vLLM {used} tables: vLLM {wanted} has {what}, so the band is "
                          f"widened x{f:g} (speedup.stepcost UNCALIBRATED_VERSION_BAND_FACTOR)")
         else:
             notes.append(f"step costs from vLLM {wanted} tables")
@@ -518,45 +573,87 @@ def calibration_points(tables, *, overheads: dict | None = None):
                                        step_ms=step, prior=prior)
 
 
-_FITTED: dict | None = None
+_FITTED: dict = {}  # modelled vLLM -> the fit on the shipped tables
 
 
 _FITTED_BY_TABLES: dict = {}
 
 
-def fitted_overheads(calibration_dir=None, tables=None) -> dict:
-    """The prior's overhead constants refitted on calibration tables (all of them, or `tables`), by least
-    squares on measured minus roofline step costs, relative to the measured step (the error that matters is
-    relative):
+def tables_of_version(tables, vllm_version: str | None = None) -> list:
+    """The tables that stand for `vllm_version`'s modelled vLLM (vLLM 0.26's when None: every table before the
+    0.33 campaign was, and None keeps their fit as it was)."""
+    wanted = modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
+    return [t for t in tables if t.modelled_vllm == wanted]
+
+
+def fitted_overheads(calibration_dir=None, tables=None, vllm_version: str | None = None) -> dict:
+    """The prior's overhead constants refitted on calibration tables (all of them, or `tables`) of one modelled
+    vLLM, by least squares on measured minus roofline step costs, relative to the measured step (the error that
+    matters is relative):
       plain step:       gap = plain_ms + batch x plain_seq_ms
       speculative step: step - verify = draft roofline
                               + (K - 1) x max(draft roofline, draft layers x draft_layer_(mp_)ms)
                               + spec_ms + batch x spec_seq_ms + K x batch x draft_seq_ms
                               + [graph miss] x (target + draft layers) x eager_layer_ms
     All coefficients are kept non-negative; the max() makes the fit piecewise linear (_fit_spec_terms).
-    The priors stand in when nothing is calibrated, and for a term no training row exercises. Speculative
-    step costs are the steady-state ones (CalibrationTable.spec_step_ms: medians of repeats, the offline
-    run's batch drain taken out, draftfit/drain.py)."""
-    global _FITTED
+    Speculative step costs are the steady-state ones (CalibrationTable.spec_step_ms: medians of repeats, the
+    offline run's batch drain taken out, draftfit/drain.py).
+
+    Versions: the overheads are what changed most between vLLM 0.26 and 0.33 (0.33 runs draft_model's K passes
+    without CUDA graphs, with async scheduling on), so each modelled version is fitted on its own tables only.
+    vLLM 0.26's fit starts from the priors; a later version's starts from 0.26's fit, which stands in for a term
+    none of its tables exercises, and the TP>1 per-layer host cost, when only TP=1 was measured there, is
+    0.26's scaled by the ratio of the two versions' TP=1 costs (the same launches, on more ranks). A version
+    with no table of its own gets 0.26's fit (and step_cost_model widens the band). `vllm_version` None is
+    0.26."""
+    wanted = modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
     default = calibration_dir is None and tables is None
-    if _FITTED is not None and default:
-        return _FITTED
-    disk_key = _disk_key(calibration_dir) if tables is None else None
+    if default and wanted in _FITTED:
+        return _FITTED[wanted]
+    disk_key = _disk_key(calibration_dir, wanted) if tables is None else None
     if disk_key is not None:
         cached = _read_disk_fit(disk_key)
         if cached is not None:
             if default:
-                _FITTED = cached
+                _FITTED[wanted] = cached
             return cached
     if tables is None:
         tables = load_tables(calibration_dir)
+    base = _fit_overheads(tables_of_version(tables, None), PRIOR_OVERHEADS)
+    base["vllm_version"] = DEFAULT_TABLE_VLLM
+    out = base
+    own = tables_of_version(tables, wanted) if wanted != DEFAULT_TABLE_VLLM else []
+    if own:
+        prior = dict({k: base[k] for k in PRIOR_OVERHEADS}, vllm_version=wanted)
+        out = _fit_overheads(own, prior)
+        exercised = set(out.pop("host_terms_fitted"))
+        tp1, mp = HOST_TERMS
+        if tp1 in exercised and mp not in exercised and prior[tp1] > 0:
+            out[mp] = prior[mp] * out[tp1] / prior[tp1]
+        out["vllm_version"] = wanted
+    else:
+        out = dict(base)
+        out.pop("host_terms_fitted", None)
+        if wanted != DEFAULT_TABLE_VLLM:
+            out["fitted_for"] = DEFAULT_TABLE_VLLM  # no table of the wanted version: 0.26's constants
+    out.pop("host_terms_fitted", None)
+    if default:
+        _FITTED[wanted] = out
+    if disk_key is not None:
+        _write_disk_fit(disk_key, out)
+    return out
+
+
+def _fit_overheads(tables, prior: dict) -> dict:
+    """fitted_overheads' least squares over `tables` (one modelled vLLM), starting from `prior`."""
     # load_tables keeps the parsed tables while their files are unchanged, so their identities key the fit: rank
     # asks once per candidate and must not refit 150 points each time.
-    tables_key = tuple(id(t) for t in tables)
+    tables_key = (tuple(id(t) for t in tables), tuple(sorted(prior.items())))
     if tables_key in _FITTED_BY_TABLES:
-        return _FITTED_BY_TABLES[tables_key][1]
+        return dict(_FITTED_BY_TABLES[tables_key][1])
     plain_rows, plain_gaps, samples = [], [], []
     seen_base = set()
+    hidden = first_pass_hidden(prior)
     for pt in calibration_points(tables, overheads=ZERO_OVERHEADS):
         key = (pt.table.target, pt.table.gpu, pt.table.tp, pt.batch)
         base_ms = pt.base_row.get("step_ms")
@@ -569,21 +666,18 @@ def fitted_overheads(calibration_dir=None, tables=None) -> dict:
         samples.append(_SpecSample(
             w=1.0 / pt.step_ms, step_ms=pt.step_ms, k=pt.k, host=host_term(pt.table.tp), layers=pt.draft.num_layers,
             draft_roofline_ms=pt.prior.draft_forward_ms, verify_ms=pt.prior.verify_ms[pt.k],
-            features=overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k)))
-    out = dict(PRIOR_OVERHEADS, n_plain=len(plain_gaps), n_spec=len(samples))
+            features=overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k), hidden_first=hidden))
+    out = dict(prior, n_plain=len(plain_gaps), n_spec=len(samples), host_terms_fitted=[])
     if len(plain_gaps) >= 2:
         out["plain_ms"], out["plain_seq_ms"] = _nonneg_lstsq(plain_rows, plain_gaps)
     if len(samples) >= len(SPEC_TERMS) + 1:
         out.update(_fit_spec_terms(samples, {t: out[t] for t in HOST_TERMS}))
-    if default:
-        _FITTED = out
+        out["host_terms_fitted"] = [t for t in HOST_TERMS if any(x.host == t for x in samples)]
     _FITTED_BY_TABLES[tables_key] = (list(tables), out)  # the tables are held so their ids stay theirs
-    if disk_key is not None:
-        _write_disk_fit(disk_key, out)
-    return out
+    return dict(out)
 
 
-def _disk_key(calibration_dir) -> str | None:
+def _disk_key(calibration_dir, vllm_version: str = DEFAULT_TABLE_VLLM) -> str | None:
     """A fingerprint of everything the fit reads: the table files (name, size, mtime) and the code that turns
     them into points (this module, the table reader, the drain correction). Every fresh process (each `draftfit
     rank`) would otherwise refit ~150 points, about 0.1 s of its 0.5 s budget."""
@@ -594,7 +688,7 @@ def _disk_key(calibration_dir) -> str | None:
                 for f in (__file__, _tables_module.__file__, _drain_module.__file__) for st in [os.stat(f)]]
     except OSError:
         return None
-    return hashlib.sha256(json.dumps([str(folder.resolve()), files, code]).encode()).hexdigest()[:20]
+    return hashlib.sha256(json.dumps([str(folder.resolve()), files, code, vllm_version]).encode()).hexdigest()[:20]
 
 
 def _fit_cache_path(key: str) -> Path:
@@ -623,6 +717,7 @@ class _SpecSample:
     draft_roofline_ms: float
     verify_ms: float  # roofline of the target's verify pass
     features: list  # overhead_features()
+    hidden_first: bool = True  # FIRST_DRAFT_PASS_HIDDEN of the version fitted
 
 
 def _fit_spec_terms(samples: list, host: dict) -> dict:
@@ -638,8 +733,10 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
         rows, gaps = [], []
         for s in samples:
             host_bound = s.layers * h[s.host] > s.draft_roofline_ms
-            loop = s.k - 1  # draft_passes_ms: the first pass costs its roofline
-            fixed = s.verify_ms + s.draft_roofline_ms + (0.0 if host_bound else loop * s.draft_roofline_ms)
+            # draft_passes_ms: a hidden first pass costs its roofline, the others the max()
+            loop = s.k - 1 if s.hidden_first else s.k
+            fixed = s.verify_ms + (s.draft_roofline_ms if s.hidden_first else 0.0) \
+                + (0.0 if host_bound else loop * s.draft_roofline_ms)
             host_cols = [float(loop * s.layers) if host_bound and s.host == t else 0.0 for t in host_terms]
             rows.append([f * s.w for f in list(s.features) + host_cols])
             gaps.append((s.step_ms - fixed) * s.w)
@@ -650,7 +747,7 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
     def sse(coef: dict, h: dict) -> float:
         total = 0.0
         for s in samples:
-            pred = s.verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[s.host]) \
+            pred = s.verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first) \
                 + sum(coef.get(t, 0.0) * f for t, f in zip(SPEC_TERMS, s.features))
             total += ((s.step_ms - pred) * s.w) ** 2
         return total

@@ -40,7 +40,8 @@ rm -rf c[0-9]* split && mkdir split && (cd split && split -b "$PART_BYTES" -d -a
 i=1; for p in split/part.*; do mkdir -p "c$i"; mv "$p" "c$i/"; last=$i; i=$((i+1)); done; rmdir split
 sha256sum stream/all.bin | awk '{print $1"  all.bin"}' > "c$last/all.sha256"
 cd - >/dev/null
-cp "$here/setup033.sh" "$here/check033.py" "$here/sitecustomize.py" "$here/patch_vllm033.py" "$here/nccl_shim.c" "$DEST/tools/"
+cp "$here/setup033.sh" "$here/check033.py" "$here/sitecustomize.py" "$here/patch_vllm033.py" "$here/nccl_shim.c" \
+   "$here/resume.sh" "$here/seed_done.json" "$DEST/tools/"
 gcc -O2 -shared -fPIC -o "$DEST/tools/libnccl_shim.so" "$here/nccl_shim.c"
 python3 "$here/patch_tools.py" "$DEST/tools"
 echo "[prepare] stream $(stat -c %s "$DEST/stream/all.bin") bytes, sha256 $(cut -d' ' -f1 "$DEST/c$last/all.sha256"); chunks: $(ls -d "$DEST"/c[0-9]* | tr '\n' ' ')"
@@ -49,5 +50,5 @@ Device calls, back to back (a machine goes back 30 s after a call; keep each cal
   call 1..$((last-1)): carry ["$DEST/cN"]   command: mkdir -p /root/parts && cp $DEST/cN/* /root/parts/ && ls /root/parts
   call $last: carry ["$DEST/c$last", "$DEST/tools"]  command:
     T0=\$(date +%s); mkdir -p /root/parts && cp $DEST/c$last/* /root/parts/ && bash $DEST/tools/setup033.sh 2>&1 | tee \$OUT/setup.log | grep -v "^W1201"; . /root/env033.sh; grep -q "imports ok" \$OUT/setup.log || exit 5; python3 $DEST/tools/gpu_campaign.py --phase M033 --out \$OUT --work-dir /root/camp --budget-s \$((560 - \$(date +%s) + T0)) 2>&1 | grep -v "^W1201" | tail -60; cd /root/camp && tar czf \$OUT/logs_M033.tgz M033_gpu0/*.log
-  next: carry ["$DEST/tools"]  command: . /root/env033.sh; python3 $DEST/tools/gpu_campaign.py --phase S033 --out \$OUT --work-dir /root/camp --budget-s 560 ... (add --skip <ids done>)
+  next: carry ["$DEST/tools"]  command: bash $DEST/tools/resume.sh S033 565   (skips what earlier calls on this machine finished)
 EOT

@@ -40,36 +40,57 @@ def memory_table(util=0.9, max_model_len=8192) -> str:
     return "\n".join(rows)
 
 
-def held_out_table() -> str:
-    rows = ["| vLLM 0.33.0 engine start (H200, LLM class, max_num_seqs 128) | vLLM KV tokens | draftfit 0.33 model "
-            "| error | draftfit 0.26 model | error |", "|---|---|---|---|---|---|"]
+def _held_out_starts():
+    """(name, log text, target, draft, K, util, max_model_len, max_num_seqs) of every real 0.33 start: the
+    memory-only starts of 2026-12-01 (named by their settings) and the 2026-12-02 ones (spec JSON beside each log)."""
+    import json
+
     for path in sorted(RAW_033.glob("mem-*.log")) if RAW_033.is_dir() else []:
-        log = parse_vllm_memory_log(path.read_text())
         m = re.match(r"mem-(.+?)-(?:(Llama-3\.2-1B|Qwen3-0\.6B)-k4|base)-tp1-u([0-9.]+)-L(\d+)$", path.stem)
-        if "kv_tokens" not in log or not m:
+        if m:
+            yield (path.stem, path.read_text(), m.group(1), m.group(2), 4 if m.group(2) else 0, float(m.group(3)),
+                   int(m.group(4)), 128)
+    for spec_path in sorted((RAW_033 / "2026-12-02").glob("*.json")) if RAW_033.is_dir() else []:
+        rec = json.loads(spec_path.read_text())
+        s, k = rec["spec"], int(rec["spec"].get("k") or 0)
+        yield (f"2026-12-02/{spec_path.stem}", spec_path.with_suffix(".log").read_text(), s["target"],
+               s["draft"] if k else None, k, s["util"], s["max_model_len"], rec["max_num_seqs"])
+
+
+def held_out_table() -> str:
+    rows = ["| vLLM 0.33.0 engine start (H200, LLM class) | max_num_seqs | vLLM KV tokens | draftfit 0.33 model "
+            "| error | draftfit 0.26 model | error |", "|---|---|---|---|---|---|---|"]
+    for name, text, target, draft, k, util, length, seqs in _held_out_starts():
+        log = parse_vllm_memory_log(text)
+        if "kv_tokens" not in log:
             continue
-        target, draft, util, length = m.group(1), m.group(2), float(m.group(3)), int(m.group(4))
         gpu = GpuSpec(name="H200", memory_gib=log["total_gib"], bandwidth_gbps=0, bf16_tflops=0)
         got = [plan_memory(resolve_model(target), resolve_model(draft) if draft else None, gpu, util=util,
-                           max_model_len=length, max_num_seqs=128, max_num_batched_tokens=16384, entrypoint="llm",
-                           num_speculative_tokens=4 if draft else 0, strict=False, vllm_version=v).kv_tokens
+                           max_model_len=length, max_num_seqs=seqs, max_num_batched_tokens=16384, entrypoint="llm",
+                           num_speculative_tokens=k, strict=False, vllm_version=v).kv_tokens
                for v in ("0.33.0", "0.26.0")]
         err = [100 * (g - log["kv_tokens"]) / log["kv_tokens"] for g in got]
-        rows.append(f"| {path.stem} | {log['kv_tokens']:,} | {got[0]:,} | {err[0]:+.2f} % | {got[1]:,} | {err[1]:+.2f} % |")
+        rows.append(f"| {name} | {seqs} | {log['kv_tokens']:,} | {got[0]:,} | {err[0]:+.2f} % | {got[1]:,} | "
+                    f"{err[1]:+.2f} % |")
     return "\n".join(rows)
 
 
 def speedup_table() -> str:
-    rows = ["| pair (H200, acceptance 0.7) | batch | step costs from | speedup (band) asked for 0.26 | "
-            "asked for 0.33 |", "|---|---|---|---|---|"]
+    rows = ["| pair (H200, acceptance 0.8, best K of 1-8) | TP | batch | asked for 0.26: speedup (band), K, step costs "
+            "| asked for 0.33 |", "|---|---|---|---|---|"]
     gpu = resolve_gpu("H200")
-    for t, d, tp in SHIPPED[:2]:
-        p = [predict_speedup(resolve_model(t), resolve_model(d), gpu, tp=tp, acceptance=0.7, batches=(1, 32),
-                             k_values=(4,), vllm_version=v) for v in ("0.26.0", "0.33.0")]
+    for t, d, tp in SHIPPED:
+        p = [predict_speedup(resolve_model(t), resolve_model(d), gpu, tp=tp, acceptance=0.8, batches=(1, 32),
+                             vllm_version=v) for v in ("0.26.0", "0.33.0")]
         for b in (1, 32):
-            a, c = p[0].batches[b].per_k[4], p[1].batches[b].per_k[4]
-            rows.append(f"| {t} + {d} K=4 | {b} | vLLM {p[1].step_cost_vllm} tables | {a['speedup']:.2f}x "
-                        f"({a['low']:.2f}-{a['high']:.2f}) | {c['speedup']:.2f}x ({c['low']:.2f}-{c['high']:.2f}) |")
+            cells = []
+            for q in p:
+                bp = q.batches[b]
+                k = max(bp.per_k, key=lambda kk: bp.per_k[kk]["speedup"])
+                r = bp.per_k[k]
+                basis = "calibrated" if str(bp.source).startswith("calibrated") else "prior"
+                cells.append(f"{r['speedup']:.2f}x ({r['low']:.2f}-{r['high']:.2f}), K={k}, {basis} {q.step_cost_vllm}")
+            rows.append(f"| {t} + {d} | {tp} | {b} | {cells[0]} | {cells[1]} |")
     return "\n".join(rows)
 
 

@@ -340,7 +340,7 @@ def _linear_fit(ks: list[int], ys: list[float], floor: float | None = None) -> t
     """Least-squares line y = a + b K. With `floor` (the plain step at that batch), an intercept below it is
     refitted at it: where all K draft passes are paid, a speculative step with no draft is the verify, at least a
     plain step, and a line that says less has bent to noise (vLLM 0.33's eager draft loop: Llama-3.2-1B's K=1
-    steps measured above its K=2 steps at three of four batch sizes, and the free line then put K=1 at half its
+    steps measured above its K=2 steps at two of four batch sizes, and the free line then put K=1 at half its
     measured cost, advising K=1 at batch 32 for 1.16x where 0.56x was measured)."""
     n = len(ks)
     if n == 1:

@@ -218,6 +218,7 @@ class StepCost:
     uncertainty: float  # relative
     verify_ms: dict = field(default_factory=dict)  # K -> target verify of K+1 tokens/seq (prior only)
     uncertainty_by_k: dict = field(default_factory=dict)  # K -> relative band where it differs by K (prior)
+    draft_first_ms: dict = field(default_factory=dict)  # K -> roofline of the draft's first pass (prior only)
 
     def band(self, k: int) -> float:
         return self.uncertainty_by_k.get(k, self.uncertainty)
@@ -280,15 +281,27 @@ def first_pass_hidden(overheads: dict | None) -> bool:
     return FIRST_DRAFT_PASS_HIDDEN.get((overheads or {}).get("vllm_version") or DEFAULT_TABLE_VLLM, True)
 
 
-def draft_passes_ms(k: int, roofline_ms: float, num_layers: int, layer_ms: float, hidden_first: bool = True) -> float:
+def draft_passes_ms(k: int, roofline_ms: float, num_layers: int, layer_ms: float, hidden_first: bool = True,
+                    first_ms: float | None = None) -> float:
     """K draft passes. vLLM launches the first (propose(), before its loop) right behind the target's verify
     pass, so its host time hides under the verify still running on the GPU; the K-1 loop passes have nothing
     to hide behind and each costs draft_pass_ms. Measured: K=1 adds about the same to an 8B target's step
     with a 16-layer and a 28-layer draft, each further pass about 2x more with the 28-layer one. Where the first
-    pass does not hide (hidden_first False: FIRST_DRAFT_PASS_HIDDEN), all K cost draft_pass_ms."""
+    pass does not hide (hidden_first False: FIRST_DRAFT_PASS_HIDDEN), all K cost draft_pass_ms. `first_ms`: the
+    first pass's roofline when it differs from the loop passes' (it runs over the verified tokens, B x (K+1):
+    first_pass_roofline_ms)."""
+    first = roofline_ms if first_ms is None else first_ms
     if not hidden_first:
-        return k * draft_pass_ms(roofline_ms, num_layers, layer_ms)
-    return roofline_ms + (k - 1) * draft_pass_ms(roofline_ms, num_layers, layer_ms)
+        return draft_pass_ms(first, num_layers, layer_ms) + (k - 1) * draft_pass_ms(roofline_ms, num_layers, layer_ms)
+    return first + (k - 1) * draft_pass_ms(roofline_ms, num_layers, layer_ms)
+
+
+def first_pass_roofline_ms(draft, gpu, *, batch: int, k: int, context_len: int, tp: int) -> float:
+    """The draft's first pass reads every token the target just verified, B x (K+1), not one per sequence: vLLM's
+    proposer runs it over the verify step's target_token_ids (0.26 v1/spec_decode/llm_base_proposer.py
+    set_inputs_first_pass: num_tokens = target_token_ids.shape[0]; 0.33's V2 speculator likewise prefills the
+    expanded tokens). At batch 128 and K=4 that is 640 tokens: Mistral-7B's pass is then compute-bound."""
+    return forward_ms(draft, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
 
 
 def draft_pass_ms(roofline_ms: float, num_layers: int, layer_ms: float) -> float:
@@ -304,21 +317,23 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
         + ov["plain_ms"] + ov["plain_seq_ms"] * batch
     draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
     draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) + batch * ov["draft_seq_ms"]
-    spec, verify, band = {}, {}, {}
+    spec, verify, band, first = {}, {}, {}, {}
     for k in k_values:
         eager = _eager_ms(target, draft, batch=batch, k=k, overheads=ov)
         verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
         verify[k] = verify_roof + eager
-        spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp), hidden) \
+        first[k] = first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp)
+        spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp), hidden,
+                                              first[k]) \
             + k * batch * ov["draft_seq_ms"] + ov["spec_ms"] + ov["spec_seq_ms"] * batch
         host_ms, gpu_ms = _host_and_gpu_ms(draft, k=k, tp=tp, overheads=ov, verify_roof_ms=verify_roof,
-                                           draft_roof_ms=draft_roof, eager_ms=eager)
+                                           draft_roof_ms=draft_roof, eager_ms=eager, first_roof_ms=first[k])
         band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if host_ms > gpu_ms else PRIOR_UNCERTAINTY_GPU_BOUND
     fixed = ov["spec_ms"] + ov["spec_seq_ms"] * batch
     return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=draft_fwd,
                     c=draft_fwd / base, spec_overhead_ms=fixed - ov["plain_ms"] - ov["plain_seq_ms"] * batch,
                     source="roofline prior", uncertainty=max(band.values(), default=PRIOR_UNCERTAINTY_GPU_BOUND),
-                    verify_ms=verify, uncertainty_by_k=band)
+                    verify_ms=verify, uncertainty_by_k=band, draft_first_ms=first)
 
 
 def _interp_log_batch(points: dict, batch: int) -> float | None:
@@ -419,7 +434,8 @@ def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: in
         draft, k=k, tp=tp, overheads=ov,
         verify_roof_ms=forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp),
         draft_roof_ms=forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp),
-        eager_ms=_eager_ms(target, draft, batch=batch, k=k, overheads=ov))
+        eager_ms=_eager_ms(target, draft, batch=batch, k=k, overheads=ov),
+        first_roof_ms=first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp))
 
 
 def _eager_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
@@ -428,9 +444,11 @@ def _eager_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
 
 
 def _host_and_gpu_ms(draft, *, k: int, tp: int, overheads: dict, verify_roof_ms: float, draft_roof_ms: float,
-                     eager_ms: float) -> tuple[float, float]:
+                     eager_ms: float, first_roof_ms: float | None = None) -> tuple[float, float]:
     passes = k if not first_pass_hidden(overheads) else k - 1
-    return passes * draft.num_layers * draft_layer_ms(overheads, tp) + eager_ms, verify_roof_ms + k * draft_roof_ms
+    first = draft_roof_ms if first_roof_ms is None else first_roof_ms
+    return (passes * draft.num_layers * draft_layer_ms(overheads, tp) + eager_ms,
+            verify_roof_ms + first + (k - 1) * draft_roof_ms)
 
 
 def is_host_bound(target, draft, gpu, *, batch: int, k: int, tp: int, context_len: int, overheads: dict) -> bool:
@@ -666,6 +684,7 @@ def _fit_overheads(tables, prior: dict) -> dict:
         samples.append(_SpecSample(
             w=1.0 / pt.step_ms, step_ms=pt.step_ms, k=pt.k, host=host_term(pt.table.tp), layers=pt.draft.num_layers,
             draft_roofline_ms=pt.prior.draft_forward_ms, verify_ms=pt.prior.verify_ms[pt.k],
+            first_roofline_ms=pt.prior.draft_first_ms.get(pt.k, pt.prior.draft_forward_ms),
             features=overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k), hidden_first=hidden))
     out = dict(prior, n_plain=len(plain_gaps), n_spec=len(samples), host_terms_fitted=[])
     if len(plain_gaps) >= 2:
@@ -714,7 +733,8 @@ class _SpecSample:
     k: int
     host: str  # which HOST_TERMS constant its draft layers pay
     layers: int
-    draft_roofline_ms: float
+    draft_roofline_ms: float  # a loop pass (one token per sequence)
+    first_roofline_ms: float  # the first pass, over the verified tokens (first_pass_roofline_ms)
     verify_ms: float  # roofline of the target's verify pass
     features: list  # overhead_features()
     hidden_first: bool = True  # FIRST_DRAFT_PASS_HIDDEN of the version fitted
@@ -732,12 +752,18 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
     def solve(h: dict):
         rows, gaps = [], []
         for s in samples:
-            host_bound = s.layers * h[s.host] > s.draft_roofline_ms
-            # draft_passes_ms: a hidden first pass costs its roofline, the others the max()
-            loop = s.k - 1 if s.hidden_first else s.k
-            fixed = s.verify_ms + (s.draft_roofline_ms if s.hidden_first else 0.0) \
-                + (0.0 if host_bound else loop * s.draft_roofline_ms)
-            host_cols = [float(loop * s.layers) if host_bound and s.host == t else 0.0 for t in host_terms]
+            # draft_passes_ms: a hidden first pass costs its roofline, every other pass the max() of its roofline
+            # and the host's launch time (linear in the host cost where that binds)
+            host_layers, fixed = 0.0, s.verify_ms
+            passes = [s.first_roofline_ms] + [s.draft_roofline_ms] * (s.k - 1)
+            for j, roof in enumerate(passes):
+                if j == 0 and s.hidden_first:
+                    fixed += roof
+                elif s.layers * h[s.host] > roof:
+                    host_layers += s.layers
+                else:
+                    fixed += roof
+            host_cols = [host_layers if s.host == t else 0.0 for t in host_terms]
             rows.append([f * s.w for f in list(s.features) + host_cols])
             gaps.append((s.step_ms - fixed) * s.w)
         used = [j for j in range(len(terms)) if any(r[j] for r in rows)]
@@ -747,7 +773,8 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
     def sse(coef: dict, h: dict) -> float:
         total = 0.0
         for s in samples:
-            pred = s.verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first) \
+            pred = s.verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first,
+                                                 s.first_roofline_ms) \
                 + sum(coef.get(t, 0.0) * f for t, f in zip(SPEC_TERMS, s.features))
             total += ((s.step_ms - pred) * s.w) ** 2
         return total

@@ -478,8 +478,9 @@ def host_bound_note(target, draft, gpu, *, tp: int, batch: int, context_len: int
 
 def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
                     context_len: int = 1024, calibration_dir=None, vllm_version: str | None = None) -> StepCostModel:
-    """Step costs per batch: the layout's calibration tables (of `vllm_version`'s modelled version when it has
-    any), else the roofline prior. None: the tables as they are, no version judged."""
+    """Step costs per batch: the layout's calibration tables of `vllm_version`'s modelled version (0.26 when None),
+    else the roofline prior with that version's fitted overheads. A version with no tables at all, or a drafting
+    method its tables do not measure, gets 0.26's tables or overheads with the band widened."""
     t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
     ks = list(k_values)
     tables = find_tables(t.name, d.name, g.name, tp, calibration_dir, vllm_version=vllm_version)

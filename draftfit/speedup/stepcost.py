@@ -610,7 +610,8 @@ def fitted_overheads(calibration_dir=None, tables=None, vllm_version: str | None
     vLLM, by least squares on measured minus roofline step costs, relative to the measured step (the error that
     matters is relative):
       plain step:       gap = plain_ms + batch x plain_seq_ms
-      speculative step: step - verify = draft roofline
+      speculative step: step - verify = first-pass roofline (over the B x (K+1) verified tokens; in a version
+                                where it does not hide, the max() below)
                               + (K - 1) x max(draft roofline, draft layers x draft_layer_(mp_)ms)
                               + spec_ms + batch x spec_seq_ms + K x batch x draft_seq_ms
                               + [graph miss] x (target + draft layers) x eager_layer_ms
@@ -654,7 +655,7 @@ def fitted_overheads(calibration_dir=None, tables=None, vllm_version: str | None
         out = dict(base)
         out.pop("host_terms_fitted", None)
         if wanted != DEFAULT_TABLE_VLLM:
-            out["fitted_for"] = DEFAULT_TABLE_VLLM  # no table of the wanted version: 0.26's constants
+            out["stands_in_for"] = wanted  # no table of the wanted version: 0.26's constants stand in
     out.pop("host_terms_fitted", None)
     if default:
         _FITTED[wanted] = out

@@ -542,3 +542,29 @@ def test_preregistered_predictions_are_scored_against_the_table_measured_afterwa
     assert "Best K among the measured K: batch 1:" in text and "inside the printed band" in text
     none, = bench.preregistered([t for t in tables if t.target != "Qwen3-8B"], folder=tmp_path)
     assert none["points"] == [] and "not measured yet" in bench.render_preregistered([none])
+
+
+def test_learned_correction_flag_never_crashes_on_a_stale_or_broken_model(tmp_path):
+    """The shipped model once pickled a class of a module the restructure renamed (draftfit.predictor): loading it
+    raised and `speedup --learned-correction` died with an internal error. A model that cannot be loaded is not
+    applied, and the CLI says so."""
+    pytest.importorskip("sklearn")
+    import shutil
+
+    from draftfit.speedup.correction import MODEL_DIR, MODEL_PATH, REPORT_PATH, load_default
+
+    out = subprocess.run(DRAFTFIT + ["speedup", "--target", "Qwen3-32B", "--draft", "Qwen3-1.7B", "--gpu", "H200",
+                                     "--alpha", "0.8", "--batch", "1", "--learned-correction", "--vllm-version", "0.26",
+                                     "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    import json as _json
+
+    import sklearn
+
+    if _json.loads((MODEL_DIR / REPORT_PATH.name).read_text()).get("sklearn_version") == sklearn.__version__:
+        assert load_default() is not None  # the shipped model loads (retrained 2026-12-02: it beats the roofline)
+    broken = tmp_path / "models"
+    broken.mkdir()
+    shutil.copy(MODEL_DIR / REPORT_PATH.name, broken / REPORT_PATH.name)
+    (broken / MODEL_PATH.name).write_bytes(b"\x80\x04\x95garbage-not-a-pickle")
+    assert load_default(broken) is None

@@ -294,13 +294,21 @@ def load_default(model_dir: Path = MODEL_DIR) -> LoadedCorrector | None:
         import sklearn
     except ImportError:
         return None
-    blob = joblib.load(mpath)
-    if blob.get("sklearn") != sklearn.__version__ or blob.get("features") != FEATURES:
-        return None  # retrain with `draftfit fit`; a pickled model of another version is not trusted
-    report = json.loads(rpath.read_text())
-    cv = report.get("cv", {})
+    try:
+        report = json.loads(rpath.read_text())
+    except (OSError, ValueError):
+        return None
+    cv = report.get("cv", {}) if isinstance(report, dict) else {}
     if cv.get("mape_corrected", 1.0) >= cv.get("mape_prior", 0.0):
         return None  # cross-validation says the correction does not beat the roofline: do not apply it
+    try:
+        blob = joblib.load(mpath)
+    except Exception:  # noqa: BLE001 - a pickle of a renamed module or another library version: not trusted
+        # (the shipped file once named draftfit.predictor, gone in the package restructure: `speedup
+        # --learned-correction` died with an internal error)
+        return None
+    if not isinstance(blob, dict) or blob.get("sklearn") != sklearn.__version__ or blob.get("features") != FEATURES:
+        return None  # retrain with `draftfit fit`; a pickled model of another version is not trusted
     loaded = LoadedCorrector(blob["model"], report)
     if model_dir == MODEL_DIR:
         _DEFAULT = loaded

@@ -118,9 +118,13 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         runs, why, fix = vllm_verdict(t_spec, d_spec, tp, used)
         if not runs:
             raise DraftfitError(f"{d_spec.name} cannot draft for {t_spec.name}: {why}", fix=fix, exit_code=1)
+        correction = load_default() if learned_correction else None
         pred = predict_speedup(t_spec, d_spec, gpu, tp=tp, acceptance=acceptance, batches=batches,
-                               k_values=ks, context_len=context_len,
-                               correction=load_default() if learned_correction else None, vllm_version=modelled)
+                               k_values=ks, context_len=context_len, correction=correction, vllm_version=modelled)
+        if learned_correction and correction is None:
+            pred.notes.append("learned correction not applied: none is trained for this scikit-learn, or its "
+                              "leave-one-configuration-out error does not beat the roofline's "
+                              "(draftfit/data/models/speedup_model.json, cv); retrain with `draftfit fit`")
         pred.acceptance_source = acc_source
         pred.vllm_version = used
         pred.notes.insert(0, version_note)

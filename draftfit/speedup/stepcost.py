@@ -512,6 +512,9 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         notes.append(f"no calibration table for {t.name} + {d.name} on {g.name} TP={tp}: roofline prior with "
                      f"{fitted} (±{PRIOR_UNCERTAINTY_GPU_BOUND:.0%} where the GPU sets the step, "
                      f"±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} where the host does)")
+        if tp > 1 and ov.get("scaled_from_tp1"):
+            notes.append(f"no vLLM {ov['vllm_version']} table at TP>1: its per-layer draft host cost at TP={tp} is "
+                         f"0.26's scaled by the two versions' TP=1 ratio ({ov[HOST_TERMS[1]]:.2f} ms), not measured")
     host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len, overheads=ov)
     if host_note:
         notes.append(host_note)
@@ -650,6 +653,7 @@ def fitted_overheads(calibration_dir=None, tables=None, vllm_version: str | None
         tp1, mp = HOST_TERMS
         if tp1 in exercised and mp not in exercised and prior[tp1] > 0:
             out[mp] = prior[mp] * out[tp1] / prior[tp1]
+            out["scaled_from_tp1"] = 1.0  # said by step_cost_model at TP>1
         out["vllm_version"] = wanted
     else:
         out = dict(base)

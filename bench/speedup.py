@@ -59,13 +59,14 @@ def evaluate(tables, vllm_version: str | None = None) -> dict:
     costs, the held-out one predicted and scored against its measured steady-state speedups. Only the tables of
     `vllm_version`'s modelled vLLM are held out (0.26's when None), and the overheads are fitted as
     fitted_overheads does for that version (its own tables; a later version starts from 0.26's fit). The learned
-    correction is 0.26's alone (stepcost.tables_of_version: it is trained on 0.26 tables)."""
-    from draftfit.calibration.tables import PooledSteps
-    from draftfit.speedup.stepcost import fitted_overheads, tables_of_version
+    correction is 0.26's alone (calibration.tables.tables_of_version: it is trained on 0.26 tables)."""
+    from draftfit.calibration.tables import DEFAULT_TABLE_VLLM, PooledSteps, tables_of_version
+    from draftfit.speedup.stepcost import fitted_overheads
+    from draftfit.vllm_version import modelled_version
 
     cases, best_cases = [], []
     version_tables = tables_of_version(tables, vllm_version)
-    later = bool(vllm_version) and tables_of_version(tables, vllm_version) != tables_of_version(tables, None)
+    later = bool(vllm_version) and modelled_version(vllm_version)[0] != DEFAULT_TABLE_VLLM
     # A configuration measured at several synthetic rates (one table each) is held out as a whole: its step
     # costs do not depend on the rate, so a table of the same pair in training would leak them.
     by_pair: dict = {}
@@ -552,7 +553,7 @@ def plot_held_out(result: dict, out_dir: Path) -> list[Path]:
 
 def render_versions(tables) -> str:
     """The same leave-one-configuration-out on each modelled vLLM's own tables, side by side (issue 17)."""
-    from draftfit.speedup.stepcost import tables_of_version
+    from draftfit.calibration.tables import tables_of_version
     from draftfit.vllm_version import MODELLED
 
     rows, per_cfg = [], []
@@ -601,7 +602,7 @@ def main(argv=None) -> int:
     versions = render_versions(tables) if tables else ""
     if versions:
         text += "\n\n" + versions
-    from draftfit.speedup.stepcost import tables_of_version
+    from draftfit.calibration.tables import tables_of_version
 
     pre = render_preregistered(preregistered(tables_of_version(tables))) if tables else ""  # 0.26 predictions
     if pre:

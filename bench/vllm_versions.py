@@ -8,12 +8,14 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from draftfit.catalog.specs import GpuSpec, resolve_gpu, resolve_model  # noqa: E402
 from draftfit.memory.plan import parse_vllm_memory_log, plan_memory  # noqa: E402
 from draftfit.paths import PROJECT_ROOT  # noqa: E402
+from draftfit.rules import best_k  # noqa: E402
 from draftfit.speedup.predict import predict_speedup  # noqa: E402
 
 # The pairs with shipped step-cost tables (draftfit/data/calibration/), on the H200 they were measured on.
@@ -40,38 +42,59 @@ def memory_table(util=0.9, max_model_len=8192) -> str:
     return "\n".join(rows)
 
 
-def _held_out_starts():
-    """(name, log text, target, draft, K, util, max_model_len, max_num_seqs) of every real 0.33 start: the
-    memory-only starts of 2026-12-01 (named by their settings) and the 2026-12-02 ones (spec JSON beside each log)."""
+class HeldOutStart(NamedTuple):
+    """One real vLLM 0.33 engine start and the engine settings draftfit's memory plan needs."""
+
+    name: str
+    log_text: str
+    target: str
+    draft: str | None
+    k: int
+    util: float
+    max_model_len: int
+    max_num_seqs: int
+
+
+def held_out_starts() -> list[HeldOutStart]:
+    """Every real 0.33 start: the memory-only starts of 2026-12-01 (named by their settings) and the 2026-12-02
+    ones (spec JSON beside each log). tests/test_vllm_versions.py checks the same list."""
     import json
 
+    out = []
     for path in sorted(RAW_033.glob("mem-*.log")) if RAW_033.is_dir() else []:
         m = re.match(r"mem-(.+?)-(?:(Llama-3\.2-1B|Qwen3-0\.6B)-k4|base)-tp1-u([0-9.]+)-L(\d+)$", path.stem)
         if m:
-            yield (path.stem, path.read_text(), m.group(1), m.group(2), 4 if m.group(2) else 0, float(m.group(3)),
-                   int(m.group(4)), 128)
+            out.append(HeldOutStart(path.stem, path.read_text(), m.group(1), m.group(2), 4 if m.group(2) else 0,
+                                    float(m.group(3)), int(m.group(4)), 128))
     for spec_path in sorted((RAW_033 / "2026-12-02").glob("*.json")) if RAW_033.is_dir() else []:
         rec = json.loads(spec_path.read_text())
         s, k = rec["spec"], int(rec["spec"].get("k") or 0)
-        yield (f"2026-12-02/{spec_path.stem}", spec_path.with_suffix(".log").read_text(), s["target"],
-               s["draft"] if k else None, k, s["util"], s["max_model_len"], rec["max_num_seqs"])
+        out.append(HeldOutStart(f"2026-12-02/{spec_path.stem}", spec_path.with_suffix(".log").read_text(),
+                                s["target"], s["draft"] if k else None, k, s["util"], s["max_model_len"],
+                                rec["max_num_seqs"]))
+    return out
+
+
+def plan_for_start(start: HeldOutStart, total_gib: float, vllm_version: str):
+    """draftfit's memory plan of a start's engine on its GPU (`total_gib` as its log says) under `vllm_version`."""
+    gpu = GpuSpec(name="H200", memory_gib=total_gib, bandwidth_gbps=0, bf16_tflops=0)
+    return plan_memory(resolve_model(start.target), resolve_model(start.draft) if start.draft else None, gpu,
+                       util=start.util, max_model_len=start.max_model_len, max_num_seqs=start.max_num_seqs,
+                       max_num_batched_tokens=16384, entrypoint="llm", num_speculative_tokens=start.k, strict=False,
+                       vllm_version=vllm_version)
 
 
 def held_out_table() -> str:
     rows = ["| vLLM 0.33.0 engine start (H200, LLM class) | max_num_seqs | vLLM KV tokens | draftfit 0.33 model "
             "| error | draftfit 0.26 model | error |", "|---|---|---|---|---|---|---|"]
-    for name, text, target, draft, k, util, length, seqs in _held_out_starts():
-        log = parse_vllm_memory_log(text)
+    for start in held_out_starts():
+        log = parse_vllm_memory_log(start.log_text)
         if "kv_tokens" not in log:
             continue
-        gpu = GpuSpec(name="H200", memory_gib=log["total_gib"], bandwidth_gbps=0, bf16_tflops=0)
-        got = [plan_memory(resolve_model(target), resolve_model(draft) if draft else None, gpu, util=util,
-                           max_model_len=length, max_num_seqs=seqs, max_num_batched_tokens=16384, entrypoint="llm",
-                           num_speculative_tokens=k, strict=False, vllm_version=v).kv_tokens
-               for v in ("0.33.0", "0.26.0")]
+        got = [plan_for_start(start, log["total_gib"], v).kv_tokens for v in ("0.33.0", "0.26.0")]
         err = [100 * (g - log["kv_tokens"]) / log["kv_tokens"] for g in got]
-        rows.append(f"| {name} | {seqs} | {log['kv_tokens']:,} | {got[0]:,} | {err[0]:+.2f} % | {got[1]:,} | "
-                    f"{err[1]:+.2f} % |")
+        rows.append(f"| {start.name} | {start.max_num_seqs} | {log['kv_tokens']:,} | {got[0]:,} | {err[0]:+.2f} % | "
+                    f"{got[1]:,} | {err[1]:+.2f} % |")
     return "\n".join(rows)
 
 
@@ -86,7 +109,7 @@ def speedup_table() -> str:
             cells = []
             for q in p:
                 bp = q.batches[b]
-                k = max(bp.per_k, key=lambda kk: bp.per_k[kk]["speedup"])
+                k = best_k({kk: v["speedup"] for kk, v in bp.per_k.items()})
                 r = bp.per_k[k]
                 basis = "calibrated" if str(bp.source).startswith("calibrated") else "prior"
                 cells.append(f"{r['speedup']:.2f}x ({r['low']:.2f}-{r['high']:.2f}), K={k}, {basis} {q.step_cost_vllm}")

@@ -504,7 +504,8 @@ def test_calibrated_steps_follow_a_line_over_k_that_predicts_another_start_bette
     """With 3+ K measured, calibrated step costs lie on one line over K (so a noisy K cannot make a dip in
     the K curve), and on the shipped tables that line predicts another engine start better than raw steps."""
     from draftfit.calibration.tables import PooledSteps, find_tables, load_tables
-    from draftfit.speedup.stepcost import calibrated_step_cost, gpu_spec, model_spec, tables_of_version
+    from draftfit.calibration.tables import tables_of_version
+    from draftfit.speedup.stepcost import calibrated_step_cost, gpu_spec, model_spec
 
     table = PooledSteps(find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1))
     sc = calibrated_step_cost(table, model_spec("Llama-3.1-8B"), model_spec("Llama-3.2-1B"), gpu_spec("H200"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ from draftfit.speedup.stepcost import UNCALIBRATED_VERSION_BAND_FACTOR
 from draftfit.vllm_version import MODELLED, modelled_version, resolve_vllm_version
 
 R26, R33 = GPU_VERSION_RULES["0.26"], GPU_VERSION_RULES["0.33"]
-RAW_033 = PROJECT_ROOT / "data" / "reference" / "memory" / "vllm-0.33" / "raw"
 
 
 def _plan(target, draft, gpu, version, **kw):
@@ -134,52 +132,37 @@ def test_033_async_scheduling_doubles_in_flight_tokens_for_draft_model():
     assert max_in_flight_tokens(d, 8192, R26) == 8192 and max_in_flight_tokens(d, 8192, R33) == 16384
 
 
-def _raw_033():
-    out = []
-    for p in sorted(RAW_033.glob("mem-*.json")) if RAW_033.is_dir() else []:
-        log = p.with_suffix(".log")
-        if log.exists() and "kv_tokens" in parse_vllm_memory_log(log.read_text()):
-            out.append(p)
-    return out
+def _bench_vllm_versions():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_vllm_versions", PROJECT_ROOT / "bench" / "vllm_versions.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-@pytest.mark.skipif(not _raw_033(), reason="no vLLM 0.33 engine logs in data/reference/memory/vllm-0.33/raw/")
-@pytest.mark.parametrize("path", _raw_033(), ids=lambda p: p.stem)
-def test_033_model_within_1pct_of_held_out_h200_logs(path):
-    """Held out: nothing was fitted to these starts (0.33.0, H200, TP=1, LLM class, max_num_seqs 128)."""
-    log = parse_vllm_memory_log(path.with_suffix(".log").read_text())
-    m = re.match(r"mem-(.+?)-(?:(Llama-3\.2-1B|Qwen3-0\.6B)-k4|base)-tp1-u([0-9.]+)-L(\d+)$", path.stem)
-    target, draft, util, length = m.group(1), m.group(2), float(m.group(3)), int(m.group(4))
-    gpu = GpuSpec(name="H200", memory_gib=log["total_gib"], bandwidth_gbps=0, bf16_tflops=0)
-    p = plan_memory(resolve_model(target), resolve_model(draft) if draft else None, gpu, util=util,
-                    max_model_len=length, max_num_seqs=128, max_num_batched_tokens=16384, entrypoint="llm",
-                    num_speculative_tokens=4 if draft else 0, strict=False, vllm_version=log["vllm_version"])
-    assert log["model_runner"] == p.model_runner == "v2"
-    assert abs(p.kv_tokens - log["kv_tokens"]) / log["kv_tokens"] < 0.01
+BENCH = _bench_vllm_versions()
+STARTS_033 = [s for s in BENCH.held_out_starts() if "kv_tokens" in parse_vllm_memory_log(s.log_text)]
 
 
-def _raw_033_specs():
-    """The 2026-12-02 starts (phase S033's step-cost engines and the -defseqs memory start), each with the
-    engine spec and the max_num_seqs vLLM used beside its log."""
-    folder = RAW_033 / "2026-12-02"
-    return sorted(folder.glob("*.json")) if folder.is_dir() else []
-
-
-@pytest.mark.skipif(not _raw_033_specs(), reason="no 2026-12-02 vLLM 0.33 engine logs in data/reference/memory/vllm-0.33/raw/")
-@pytest.mark.parametrize("path", _raw_033_specs(), ids=lambda p: p.stem)
-def test_033_model_within_1pct_of_2026_12_02_h200_logs(path):
-    """Held out as well: K 1, 2, 3, 6 and vLLM's default 1024 sequences with a draft (the V2 sampler's bound, the
-    largest open risk of the 0.33 model) had never been measured; nothing was refitted after these runs."""
-    rec = json.loads(path.read_text())
-    spec, log = rec["spec"], parse_vllm_memory_log(path.with_suffix(".log").read_text())
-    k = int(spec.get("k") or 0)
-    gpu = GpuSpec(name="H200", memory_gib=log["total_gib"], bandwidth_gbps=0, bf16_tflops=0)
-    p = plan_memory(resolve_model(spec["target"]), resolve_model(spec["draft"]) if k else None, gpu,
-                    util=spec["util"], max_model_len=spec["max_model_len"], max_num_seqs=rec["max_num_seqs"],
-                    max_num_batched_tokens=16384, entrypoint="llm", num_speculative_tokens=k, strict=False,
-                    vllm_version=log["vllm_version"])
+@pytest.mark.skipif(not STARTS_033, reason="no vLLM 0.33 engine logs in data/reference/memory/vllm-0.33/raw/")
+@pytest.mark.parametrize("start", STARTS_033, ids=lambda s: s.name)
+def test_033_model_within_1pct_of_held_out_h200_logs(start):
+    """Held out: nothing was fitted to these starts (0.33.0, H200, TP=1, LLM class): the five memory-only starts
+    of 2026-12-01 at 128 sequences, and on 2026-12-02 phase S033's step-cost engines (K 1, 2, 3, 6 never measured
+    before) and the -defseqs start (a draft at vLLM's default 1024 sequences: the V2 sampler's bound, the largest
+    open risk of the 0.33 model); nothing was refitted after them. The same list and plan as the docs' table
+    (bench/vllm_versions.py held_out_starts, plan_for_start)."""
+    log = parse_vllm_memory_log(start.log_text)
+    p = BENCH.plan_for_start(start, log["total_gib"], log["vllm_version"])
     assert log["vllm_version"].startswith("0.33") and log["model_runner"] == p.model_runner == "v2"
     assert abs(p.kv_tokens - log["kv_tokens"]) / log["kv_tokens"] < 0.01
+
+
+def test_033_held_out_starts_are_all_there():
+    names = [s.name for s in STARTS_033]
+    assert len(names) == 18 and sum(n.startswith("2026-12-02/") for n in names) == 13
+    assert any(n.endswith("-defseqs") for n in names)
 
 
 # ------------------------------------------------------------------------------------------- log wordings
@@ -248,10 +231,10 @@ def test_parser_still_reads_026_lines():
     assert out["cudagraph_estimated_gib"] == 0.53
 
 
-@pytest.mark.skipif(not _raw_033(), reason="no vLLM 0.33 engine logs")
+@pytest.mark.skipif(not STARTS_033, reason="no vLLM 0.33 engine logs")
 def test_parser_reads_the_real_033_logs():
-    for p in _raw_033():
-        out = parse_vllm_memory_log(p.with_suffix(".log").read_text())
+    for start in STARTS_033:
+        out = parse_vllm_memory_log(start.log_text)
         assert out["vllm_version"] == "0.33.0" and "consumed_gib" in out["actual_usage"]
         assert out["available_kv_gib"] > 0 and out["model_loading_gib"] > 0
 

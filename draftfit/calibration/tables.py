@@ -210,6 +210,12 @@ DEFAULT_ACCEPTANCE = 0.8  # the campaign's main synthetic rate; other rates get 
 DEFAULT_TABLE_VLLM = MODELLED[0]
 
 
+def table_vllm(vllm_version: str | None) -> str:
+    """The modelled vLLM a table, a fit or a request stands for: `vllm_version`'s (vllm_version.modelled_version),
+    0.26's when none is named (every table before the 0.33 campaign named none)."""
+    return modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
+
+
 @dataclass
 class CalibrationTable:
     target: str
@@ -236,7 +242,7 @@ class CalibrationTable:
     @property
     def modelled_vllm(self) -> str:
         """The modelled vLLM this table stands for (vllm_version.MODELLED; 0.26 when it names none)."""
-        return modelled_version(self.vllm_version)[0] if self.vllm_version else DEFAULT_TABLE_VLLM
+        return table_vllm(self.vllm_version)
 
     @property
     def configuration(self) -> str:
@@ -343,7 +349,7 @@ def gpu_key(gpu_name: str) -> str:
 def table_filename(target: str, draft: str, gpu: str, tp: int, acceptance: float = DEFAULT_ACCEPTANCE,
                    vllm_version: str | None = None) -> str:
     rate = "" if float(acceptance) == DEFAULT_ACCEPTANCE else f"__a{float(acceptance):g}"
-    modelled = modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
+    modelled = table_vllm(vllm_version)
     ver = "" if modelled == DEFAULT_TABLE_VLLM else f"__v{modelled}"
     return f"{slug(target)}__{slug(draft)}__{slug(gpu)}__tp{tp}{rate}{ver}.json"
 
@@ -379,6 +385,13 @@ def load_tables(directory: Path | None = None) -> list[CalibrationTable]:
     return list(out)
 
 
+def tables_of_version(tables, vllm_version: str | None = None) -> list:
+    """The tables that stand for `vllm_version`'s modelled vLLM (vLLM 0.26's when None: every table before the
+    0.33 campaign was, and None keeps their fit as it was)."""
+    wanted = table_vllm(vllm_version)
+    return [t for t in tables if t.modelled_vllm == wanted]
+
+
 def find_tables(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None,
                 vllm_version: str | None = None) -> list:
     """Every calibration table of this layout (one per synthetic rate), the richest first: the most
@@ -388,9 +401,7 @@ def find_tables(target: str, draft: str, gpu: str, tp: int, directory: Path | No
     hits = [t for t in load_tables(directory)
             if (_norm(t.target) == _norm(target) and _norm(t.draft) == _norm(draft) and int(t.tp) == int(tp)
                 and (_norm(t.gpu) in _norm(gpu) or _norm(gpu) in _norm(t.gpu)))]
-    wanted = modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
-    same = [t for t in hits if t.modelled_vllm == wanted]
-    hits = same or hits
+    hits = tables_of_version(hits, vllm_version) or hits
     return sorted(hits, key=lambda t: (sum(len(rows) for rows in t.spec.values()),
                                        float(t.acceptance) == DEFAULT_ACCEPTANCE), reverse=True)
 

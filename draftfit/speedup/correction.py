@@ -38,8 +38,8 @@ from draftfit.errors import DraftfitError, require
 from draftfit.paths import DATA_DIR
 from draftfit.acceptance.curve import expected_tokens_per_step, extend_curve
 from draftfit.rules import NO_SPECULATION_BELOW, best_k
-from draftfit.calibration.tables import load_tables
-from draftfit.speedup.stepcost import calibration_points, fitted_overheads, gpu_spec, graph_miss, model_spec, prior_step_cost, tables_of_version
+from draftfit.calibration.tables import load_tables, tables_of_version
+from draftfit.speedup.stepcost import calibration_points, fitted_overheads, gpu_spec, graph_miss, model_spec, prior_step_cost
 
 MODEL_DIR = DATA_DIR / "models"
 MODEL_PATH = MODEL_DIR / "speedup_model.joblib"

@@ -33,7 +33,7 @@ from pathlib import Path
 from draftfit.errors import DraftfitError
 from draftfit.calibration import drain as _drain_module, tables as _tables_module
 from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, PooledSteps, find_tables, load_tables,
-                                         model_spec as resolve)
+                                         model_spec as resolve, table_vllm, tables_of_version)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
 from draftfit.catalog.specs import GpuSpec, resolve_gpu
 from draftfit.memory.plan import linear_bytes_per_param, weights_bytes_per_rank as weights_bytes_per_rank_plan
@@ -490,7 +490,7 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
     measured_method = d.method == "draft_model"
     ov = fitted_overheads(calibration_dir, vllm_version=vllm_version if measured_method else None)
     fit_version = ov.get("vllm_version", DEFAULT_TABLE_VLLM)
-    own = [x for x in tables if x.modelled_vllm == fit_version]
+    own = tables_of_version(tables, fit_version)
     if own or (vllm_version and fit_version == modelled_version(vllm_version)[0]):
         # The version the overheads are fitted for has tables: another version's table of this pair is not used
         # for it. On the H200 the 0.26 table of Llama-3.1-8B + 3.2-1B says 18 ms for a K=4 step at batch 1,
@@ -601,13 +601,6 @@ _FITTED: dict = {}  # modelled vLLM -> the fit on the shipped tables
 _FITTED_BY_TABLES: dict = {}
 
 
-def tables_of_version(tables, vllm_version: str | None = None) -> list:
-    """The tables that stand for `vllm_version`'s modelled vLLM (vLLM 0.26's when None: every table before the
-    0.33 campaign was, and None keeps their fit as it was)."""
-    wanted = modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
-    return [t for t in tables if t.modelled_vllm == wanted]
-
-
 def fitted_overheads(calibration_dir=None, tables=None, vllm_version: str | None = None) -> dict:
     """The prior's overhead constants refitted on calibration tables (all of them, or `tables`) of one modelled
     vLLM, by least squares on measured minus roofline step costs, relative to the measured step (the error that
@@ -629,7 +622,7 @@ def fitted_overheads(calibration_dir=None, tables=None, vllm_version: str | None
     0.26's scaled by the ratio of the two versions' TP=1 costs (the same launches, on more ranks). A version
     with no table of its own gets 0.26's fit (and step_cost_model widens the band). `vllm_version` None is
     0.26."""
-    wanted = modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
+    wanted = table_vllm(vllm_version)
     default = calibration_dir is None and tables is None
     if default and wanted in _FITTED:
         return _FITTED[wanted]
@@ -642,25 +635,20 @@ def fitted_overheads(calibration_dir=None, tables=None, vllm_version: str | None
             return cached
     if tables is None:
         tables = load_tables(calibration_dir)
-    base = _fit_overheads(tables_of_version(tables, None), PRIOR_OVERHEADS)
-    base["vllm_version"] = DEFAULT_TABLE_VLLM
-    out = base
+    out = _fit_overheads(tables_of_version(tables, None), PRIOR_OVERHEADS)
+    out.pop("host_terms_fitted")
+    out["vllm_version"] = DEFAULT_TABLE_VLLM
     own = tables_of_version(tables, wanted) if wanted != DEFAULT_TABLE_VLLM else []
     if own:
-        prior = dict({k: base[k] for k in PRIOR_OVERHEADS}, vllm_version=wanted)
+        prior = dict({k: out[k] for k in PRIOR_OVERHEADS}, vllm_version=wanted)
         out = _fit_overheads(own, prior)
         exercised = set(out.pop("host_terms_fitted"))
         tp1, mp = HOST_TERMS
         if tp1 in exercised and mp not in exercised and prior[tp1] > 0:
             out[mp] = prior[mp] * out[tp1] / prior[tp1]
             out["scaled_from_tp1"] = 1.0  # said by step_cost_model at TP>1
-        out["vllm_version"] = wanted
-    else:
-        out = dict(base)
-        out.pop("host_terms_fitted", None)
-        if wanted != DEFAULT_TABLE_VLLM:
-            out["stands_in_for"] = wanted  # no table of the wanted version: 0.26's constants stand in
-    out.pop("host_terms_fitted", None)
+    elif wanted != DEFAULT_TABLE_VLLM:
+        out["stands_in_for"] = wanted  # no table of the wanted version: 0.26's constants stand in
     if default:
         _FITTED[wanted] = out
     if disk_key is not None:

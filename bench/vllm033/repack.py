@@ -3,7 +3,9 @@
 Used by bench/prepare_vllm033.sh: torch, triton and vLLM shrink from 1139 MB of wheels to 326 MB of xz.
 Drops members matching DROP patterns; zeroes fatbin entries that an sm_90 GPU never loads
 (ELF cubins for other SM, PTX newer than compute_90) in the .so files named by PRUNE.
-usage: build_stream.py WHEEL [WHEEL...] > out.tar"""
+Also used for vLLM 0.26 (bench/prepare_vllm026.sh, issue 16) with REPACK_PROFILE=026: nothing dropped, only the
+GPU code of vLLM's own extensions pruned (torch 2.11 is already on the H200 image).
+usage: repack.py WHEEL [WHEEL...] > out.tar"""
 import sys, zipfile, tarfile, struct, fnmatch, io, time
 
 DROP = [
@@ -16,6 +18,11 @@ DROP = [
 PRUNE = ['torch/lib/libtorch_cuda.so', 'torch/lib/libc10_cuda.so', 'torch/lib/libtorch_nvshmem.so',
          'vllm/_C_stable_libtorch.abi3.so', 'vllm/_flashmla_C.abi3.so', 'vllm/_deepselect_C.abi3.so',
          'vllm/_flashkda_C.abi3.so', 'vllm/third_party/deep_gemm/_C_extension.abi3.so', 'vllm/_qutlass_C.abi3.so']
+import os
+if os.environ.get('REPACK_PROFILE') == '026':
+    DROP = []
+    PRUNE = ['vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so', 'vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so',
+             'vllm/_C_stable_libtorch.abi3.so', 'vllm/_moe_C_stable_libtorch.abi3.so']
 MAG = struct.pack('<I', 0xBA55ED50)
 KEEP_SM = 90
 

@@ -10,11 +10,13 @@ Two sources, the better one wins:
   vLLM decode step adds host overhead per step and per sequence (scheduler, sampler; async scheduling hides
   part of it). A speculative step adds its own per step and per sequence (rejection sampler, proposer
   bookkeeping, async scheduling switched off with a draft model); its first draft pass costs its roofline
-  (launched while the verify still runs on the GPU), each of the K-1 further passes the larger of its
+  (launched while the verify still runs on the GPU; what of its launch time outlasts the verify shows), each of
+  the K-1 further passes the larger of its
   roofline and its host time (a cost per draft layer: the drafter replays piecewise CUDA graphs with
   attention in between, and the GPU runs while the host launches), and every pass a cost per sequence;
   and when batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify and the draft's first
-  pass run eager, a cost per layer. The constants below are priors; `fitted_overheads` refits them from the
+  pass run eager, a cost per layer; an MoE layer adds a cost per token for the B x K tokens the step adds
+  (fused_moe's routing, padding, gather and scatter). The constants below are priors; `fitted_overheads` refits them from the
   calibration tables (calibration_points is the one loop over measured points that fitting, the learned
   correction and bench/speedup.py share).
 
@@ -75,6 +77,15 @@ DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, nex
 # pass reads the same batch x (K+1) tokens, so its layers pay it too.
 CUDAGRAPH_MAX_TOKENS = 512
 EAGER_LAYER_MS = 0.4
+# An MoE layer's work beyond its roofline for every token a speculative step adds to it: the verify runs B x (K+1)
+# tokens where the plain step ran B, and so does the draft's first pass. Measured on the H200 (vLLM 0.26, Triton
+# fused_moe, bf16): the MoE targets' steps at batch 32-128 rose with B x K far above the roofline of reading the
+# covered experts and multiplying by top_k of them (Mixtral-8x7B batch 128 K=3: 82 ms against 62 ms), while the
+# dense targets' did not. fused_moe sorts every token's top_k choices by expert, pads each expert's rows to the
+# kernel's block, gathers and scatters them: work per token and layer that a FLOPs roofline does not see. No
+# published figure gives it, so the prior is 0 (the roofline alone) and fitted_overheads learns it from the MoE
+# tables; a dense model never exercises it.
+MOE_TOKEN_LAYER_MS = 0.0
 # Relative bands. Roofline prior: the 80th percentile of its leave-one-configuration-out error on the H200
 # tables (bench/speedup.py, 152 points), split by regime, because the two are not alike. Where the GPU work of
 # a step exceeds the host launch time of vLLM's draft loop and of layers that miss the CUDA graphs
@@ -242,10 +253,11 @@ class StepCostModel:
 PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "plain_seq_ms": PLAIN_SEQ_MS,
                    "spec_ms": SPEC_STEP_OVERHEAD_MS, "spec_seq_ms": SPEC_SEQ_MS, "draft_layer_ms": DRAFT_LAYER_MS,
                    "draft_layer_mp_ms": DRAFT_LAYER_MP_MS,
-                   "draft_seq_ms": DRAFT_SEQ_MS, "eager_layer_ms": EAGER_LAYER_MS}
+                   "draft_seq_ms": DRAFT_SEQ_MS, "eager_layer_ms": EAGER_LAYER_MS,
+                   "moe_token_layer_ms": MOE_TOKEN_LAYER_MS}
 # The speculative step's terms that enter linearly, in the order of overhead_features(); the two per-layer
 # host costs (HOST_TERMS) sit inside a max() (draft_pass_ms), which _fit_spec_terms handles.
-SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_seq_ms", "eager_layer_ms")
+SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_seq_ms", "eager_layer_ms", "moe_token_layer_ms")
 HOST_TERMS = ("draft_layer_ms", "draft_layer_mp_ms")  # per draft layer at TP=1 / TP>1
 ZERO_OVERHEADS = {k: 0.0 for k in PRIOR_OVERHEADS}
 
@@ -254,10 +266,22 @@ def graph_miss(batch: int, k: int) -> bool:
     return batch * (k + 1) > CUDAGRAPH_MAX_TOKENS
 
 
+def moe_layers(spec) -> int:
+    """Layers with routed experts (the catalog's MoE models route in every layer)."""
+    return spec.num_layers if spec.is_moe else 0
+
+
+def moe_extra_token_layers(target, draft, *, batch: int, k: int) -> float:
+    """What MOE_TOKEN_LAYER_MS multiplies: the B x K tokens a speculative step adds to the plain step's B, in the
+    target's verify and in the draft's first pass, times their MoE layers (0 for two dense models)."""
+    return float(batch * k * (moe_layers(target) + moe_layers(draft)))
+
+
 def overhead_features(target, draft, *, batch: int, k: int) -> list[float]:
     """What each SPEC_TERMS coefficient multiplies in a speculative step of K drafts at this batch."""
     miss = graph_miss(batch, k)
-    return [1.0, float(batch), float(k * batch), float(target.num_layers + draft.num_layers) if miss else 0.0]
+    return [1.0, float(batch), float(k * batch), float(target.num_layers + draft.num_layers) if miss else 0.0,
+            moe_extra_token_layers(target, draft, batch=batch, k=k)]
 
 
 def host_term(tp: int) -> str:
@@ -282,18 +306,46 @@ def first_pass_hidden(overheads: dict | None) -> bool:
 
 
 def draft_passes_ms(k: int, roofline_ms: float, num_layers: int, layer_ms: float, hidden_first: bool = True,
-                    first_ms: float | None = None) -> float:
-    """K draft passes. vLLM launches the first (propose(), before its loop) right behind the target's verify
-    pass, so its host time hides under the verify still running on the GPU; the K-1 loop passes have nothing
-    to hide behind and each costs draft_pass_ms. Measured: K=1 adds about the same to an 8B target's step
-    with a 16-layer and a 28-layer draft, each further pass about 2x more with the 28-layer one. Where the first
-    pass does not hide (hidden_first False: FIRST_DRAFT_PASS_HIDDEN), all K cost draft_pass_ms. `first_ms`: the
+                    first_ms: float | None = None, verify_ms: float | None = None) -> float:
+    """K draft passes (draft_loop_split: what binds each pass)."""
+    fixed_ms, host_layers = draft_loop_split(k, roofline_ms, num_layers, layer_ms, hidden_first, first_ms, verify_ms)
+    return fixed_ms + host_layers * layer_ms
+
+
+def draft_loop_split(k: int, roofline_ms: float, num_layers: int, layer_ms: float, hidden_first: bool = True,
+                     first_ms: float | None = None, verify_ms: float | None = None) -> tuple[float, float]:
+    """The K draft passes' cost as (GPU-bound ms, draft layers whose host launch binds): their cost is
+    fixed_ms + host_layers x layer_ms. The one statement of which pass pays what; draft_passes_ms adds it up and
+    the overhead fit (_fit_spec_terms) solves for layer_ms with it.
+
+    vLLM launches the first pass (propose(), before its loop) right behind the target's verify, so its host time
+    hides under the verify still running on the GPU, as long as the verify runs (`verify_ms`, its GPU time): a
+    verify shorter than the draft's launch time leaves the rest showing (an MoE target at batch 1 reads few
+    experts, 2-4 ms, while a 24-28-layer draft takes 5-6 ms to launch: Qwen1.5-MoE-A2.7B + Qwen1.5-0.5B K=1 cost
+    7 ms over the plain step where the 8B pairs cost 3.6). The K-1 loop passes have nothing to hide behind: each
+    costs max(roofline, layers x host cost) (draft_pass_ms). Measured: K=1 adds about the same to an 8B target's
+    step with a 16-layer and a 28-layer draft, each further pass about 2x more with the 28-layer one. Where the
+    first pass does not hide (hidden_first False: FIRST_DRAFT_PASS_HIDDEN), it costs a loop pass. `first_ms`: the
     first pass's roofline when it differs from the loop passes' (it runs over the verified tokens, B x (K+1):
     first_pass_roofline_ms)."""
     first = roofline_ms if first_ms is None else first_ms
-    if not hidden_first:
-        return draft_pass_ms(first, num_layers, layer_ms) + (k - 1) * draft_pass_ms(roofline_ms, num_layers, layer_ms)
-    return first + (k - 1) * draft_pass_ms(roofline_ms, num_layers, layer_ms)
+    launch_ms = num_layers * layer_ms
+    fixed_ms, host_layers = 0.0, 0.0
+    if hidden_first:
+        if verify_ms is not None and launch_ms - verify_ms > first:
+            fixed_ms, host_layers = -verify_ms, float(num_layers)
+        else:
+            fixed_ms = first
+    elif launch_ms > first:
+        host_layers = float(num_layers)
+    else:
+        fixed_ms = first
+    if k > 1:
+        if launch_ms > roofline_ms:
+            host_layers += (k - 1) * num_layers
+        else:
+            fixed_ms += (k - 1) * roofline_ms
+    return fixed_ms, host_layers
 
 
 def first_pass_roofline_ms(draft, gpu, *, batch: int, k: int, context_len: int, tp: int) -> float:
@@ -321,12 +373,15 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     for k in k_values:
         eager = _eager_ms(target, draft, batch=batch, k=k, overheads=ov)
         verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
-        verify[k] = verify_roof + eager
+        # MoE layers' per-token work is GPU time: it counts with the verify's roofline in the regime test (the
+        # first pass's launches hide under the roofline alone, as the fit sees them: _fit_spec_terms)
+        moe_ms = moe_extra_token_layers(target, draft, batch=batch, k=k) * ov["moe_token_layer_ms"]
+        verify[k] = verify_roof + moe_ms + eager
         first[k] = first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp)
         spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp), hidden,
-                                              first[k]) \
+                                              first[k], verify_roof) \
             + k * batch * ov["draft_seq_ms"] + ov["spec_ms"] + ov["spec_seq_ms"] * batch
-        host_ms, gpu_ms = _host_and_gpu_ms(draft, k=k, tp=tp, overheads=ov, verify_roof_ms=verify_roof,
+        host_ms, gpu_ms = _host_and_gpu_ms(draft, k=k, tp=tp, overheads=ov, verify_roof_ms=verify_roof + moe_ms,
                                            draft_roof_ms=draft_roof, eager_ms=eager, first_roof_ms=first[k])
         band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if host_ms > gpu_ms else PRIOR_UNCERTAINTY_GPU_BOUND
     fixed = ov["spec_ms"] + ov["spec_seq_ms"] * batch
@@ -432,7 +487,8 @@ def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: in
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
     return _host_and_gpu_ms(
         draft, k=k, tp=tp, overheads=ov,
-        verify_roof_ms=forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp),
+        verify_roof_ms=forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
+        + moe_extra_token_layers(target, draft, batch=batch, k=k) * ov["moe_token_layer_ms"],
         draft_roof_ms=forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp),
         eager_ms=_eager_ms(target, draft, batch=batch, k=k, overheads=ov),
         first_roof_ms=first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp))
@@ -567,14 +623,14 @@ class CalibrationPoint:
     prior: StepCost  # roofline with `overheads` (all zero when overheads == ZERO_OVERHEADS)
 
 
-def calibration_points(tables, *, overheads: dict | None = None):
+def calibration_points(tables, *, overheads: dict | None = None, include_held_out: bool = False):
     """Every measured (table, batch, K) usable for fitting or scoring, with its prior step cost.
 
     Skips tables of real (non-synthetic) rejection, whose acceptance is not the nominal one, tables of
-    HELD_OUT_TARGETS, and tables of models or GPUs outside the catalog (e.g. a CPU test run). The one loop that fitting, training and the
-    leave-one-out benchmark share."""
+    HELD_OUT_TARGETS (unless `include_held_out`: scoring them, never fitting), and tables of models or GPUs outside
+    the catalog (e.g. a CPU test run). The one loop that fitting, training and the leave-one-out benchmark share."""
     for t in tables:
-        if not t.provenance.get("synthetic", True) or t.target in HELD_OUT_TARGETS:
+        if not t.provenance.get("synthetic", True) or (t.target in HELD_OUT_TARGETS and not include_held_out):
             continue
         try:
             target, draft, gpu = model_spec(t.target), model_spec(t.draft), gpu_spec(t.gpu)
@@ -746,17 +802,9 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
     def solve(h: dict):
         rows, gaps = [], []
         for s in samples:
-            # draft_passes_ms: a hidden first pass costs its roofline, every other pass the max() of its roofline
-            # and the host's launch time (linear in the host cost where that binds)
-            host_layers, fixed = 0.0, s.verify_ms
-            passes = [s.first_roofline_ms] + [s.draft_roofline_ms] * (s.k - 1)
-            for j, roof in enumerate(passes):
-                if j == 0 and s.hidden_first:
-                    fixed += roof
-                elif s.layers * h[s.host] > roof:
-                    host_layers += s.layers
-                else:
-                    fixed += roof
+            fixed_ms, host_layers = draft_loop_split(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first,
+                                                     s.first_roofline_ms, s.verify_ms)
+            fixed = s.verify_ms + fixed_ms
             host_cols = [host_layers if s.host == t else 0.0 for t in host_terms]
             rows.append([f * s.w for f in list(s.features) + host_cols])
             gaps.append((s.step_ms - fixed) * s.w)
@@ -768,7 +816,7 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
         total = 0.0
         for s in samples:
             pred = s.verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first,
-                                                 s.first_roofline_ms) \
+                                                 s.first_roofline_ms, s.verify_ms) \
                 + sum(coef.get(t, 0.0) * f for t, f in zip(SPEC_TERMS, s.features))
             total += ((s.step_ms - pred) * s.w) ** 2
         return total

@@ -170,3 +170,30 @@ def test_moe_layers_pay_per_token_work_a_dense_model_does_not():
     (b0, s0), (b1, s1) = step(moe, draft, 0.0), step(moe, draft, 0.002)
     assert b1 == b0 and s1 - s0 == pytest.approx(0.002 * 32 * 4 * moe.num_layers)
     assert step(dense, model_spec("Llama-3.2-1B"), 0.0) == step(dense, model_spec("Llama-3.2-1B"), 0.002)
+
+
+def test_moe_output_says_what_its_step_costs_assume():
+    """An MoE layout's step costs name their source and the routing they assume; a dense one says nothing of it.
+    The assumption's evidence: the shipped MoE tables' plain steps at batch 32-128 are within 8 % of the uniform
+    coverage roofline with the fitted overheads."""
+    from draftfit.calibration.tables import load_tables, tables_of_version
+    from draftfit.speedup.stepcost import fitted_overheads, gpu_spec, model_spec, prior_step_cost, step_cost_model
+
+    moe = step_cost_model("Mixtral-8x7B", "Mistral-7B-v0.1", "H200", batches=(1, 32), k_values=[2],
+                          vllm_version="0.26")
+    assert any(n.startswith("MoE: ") and "uniform" in n and "dummy weights" in n for n in moe.notes)
+    dense = step_cost_model("Llama-3.1-8B", "Llama-3.2-1B", "H200", batches=(1,), k_values=[2], vllm_version="0.26")
+    assert not any(n.startswith("MoE: ") for n in dense.notes)
+    ov = fitted_overheads(vllm_version="0.26")
+    checked = 0
+    for t in tables_of_version(load_tables()):
+        target = model_spec(t.target)
+        if not target.is_moe:
+            continue
+        for b in (32, 128):
+            measured = t.baseline[str(b)]["step_ms"]
+            prior = prior_step_cost(target, model_spec(t.draft), gpu_spec(t.gpu), batch=b, k_values=[1],
+                                    context_len=112, overheads=ov).base_step_ms
+            assert abs(prior / measured - 1) < 0.08, (t.target, b, prior, measured)
+            checked += 1
+    assert checked >= 6

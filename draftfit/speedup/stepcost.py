@@ -104,6 +104,14 @@ PRIOR_UNCERTAINTY_HOST_BOUND = 0.46
 # v1/worker/gpu/spec_decode/standalone_ar/speculator.py, config/vllm.py), so the 46 % host-bound band may not hold;
 # 1.5 is what widens it to about ±70 %. Replace it with the leave-one-out error once 0.33 tables exist.
 UNCALIBRATED_VERSION_BAND_FACTOR = 1.5
+# What an MoE layout's output says of its step costs (step_cost_model): where they come from and what they assume.
+MOE_NOTE = ("MoE: a step reads the experts its tokens route to, E(1-(1-k/E)^T) of E for T tokens under uniform "
+            "routing, plus {us:.1f} us per added token per MoE layer (fitted on the Mixtral-8x7B and Qwen1.5-MoE-A2.7B "
+            "H200 tables; held-out Qwen3-30B-A3B: docs/benchmarks.md 'Pre-registered'). Those tables were measured "
+            "with dummy weights, whose routers spread tokens about uniformly (their plain steps at batch 32-128 match "
+            "uniform coverage within 8 %); a trained router that sends a batch's "
+            "tokens to fewer experts makes the plain step at batch 8-32 cheaper than printed, and speculation's gain "
+            "there smaller")
 # Targets kept out of every fit (overheads, learned correction, leave-one-out) even once their table is measured:
 # the held-out check of the MoE model, predicted before it ran (draftfit/data/predictions/, issue 16).
 HELD_OUT_TARGETS = ("Qwen3-30B-A3B",)
@@ -571,6 +579,8 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         if tp > 1 and ov.get("scaled_from_tp1"):
             notes.append(f"no vLLM {ov['vllm_version']} table at TP>1: its per-layer draft host cost at TP={tp} is "
                          f"0.26's scaled by the two versions' TP=1 ratio ({ov[HOST_TERMS[1]]:.2f} ms), not measured")
+    if t.is_moe or d.is_moe:
+        notes.append(MOE_NOTE.format(us=1000 * ov.get("moe_token_layer_ms", MOE_TOKEN_LAYER_MS)))
     host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len, overheads=ov)
     if host_note:
         notes.append(host_note)

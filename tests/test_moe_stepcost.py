@@ -197,3 +197,70 @@ def test_moe_output_says_what_its_step_costs_assume():
             assert abs(prior / measured - 1) < 0.08, (t.target, b, prior, measured)
             checked += 1
     assert checked >= 6
+
+
+@pytest.mark.parametrize("cfg, layers, dense", [
+    ({"first_k_dense_replace": 3, "moe_layer_freq": 1}, 61, 3),  # DeepSeek-V3
+    ({"first_k_dense_replace": 1}, 46, 1),  # GLM-4.5-Air
+    ({"decoder_sparse_step": 1, "mlp_only_layers": []}, 48, 0),  # Qwen3-30B-A3B
+    ({"decoder_sparse_step": 2}, 24, 12),  # every other layer routed
+    ({"mlp_only_layers": [0, 5]}, 24, 2),
+    ({"interleave_moe_layer_step": 2}, 48, 24),  # Llama-4 Maverick
+    ({}, 32, 0),  # Mixtral
+])
+def test_dense_mlp_layers_follow_each_architectures_rule(cfg, layers, dense):
+    from draftfit.catalog.specs import dense_mlp_layers_of
+
+    assert dense_mlp_layers_of(cfg, layers, experts=8) == dense
+    assert dense_mlp_layers_of(cfg, layers, experts=0) == 0
+
+
+def test_dense_mlp_layers_reach_the_spec_the_roofline_and_the_mtp_drafter(tmp_path):
+    """A local DeepSeek-style folder's first_k_dense_replace layers are dense in its parameter count and its
+    weight traffic; the catalog's DeepSeek-V3 says the same; its MTP layer routes (not dense)."""
+    import json as _json
+
+    from draftfit.catalog.specs import mtp_drafter, resolve_model as model_spec
+    from draftfit.speedup.stepcost import weight_bytes_per_rank
+
+    # shapes of no catalog entry (a folder matching one is that entry)
+    base = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+            "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+            "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+            "vocab_size": 100000, "max_position_embeddings": 40960, "torch_dtype": "bfloat16"}
+    specs = {}
+    for name, extra in {"all-moe": {}, "first-4-dense": {"mlp_only_layers": [0, 1, 2, 3]}}.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(_json.dumps({**base, **extra}))
+        specs[name] = model_spec(str(d))
+    a, b = specs["all-moe"], specs["first-4-dense"]
+    assert (a.dense_mlp_layers, a.moe_layers, b.dense_mlp_layers, b.moe_layers) == (0, 48, 4, 44)
+    # 4 layers trade 128 experts (+ router) for one 6144-wide MLP
+    assert a.params_b - b.params_b == pytest.approx(4 * (3 * 2048 * 768 * 128 + 2048 * 128 - 3 * 2048 * 6144) / 1e9,
+                                                    abs=2e-3)
+    # at one token a routed layer reads 8 experts (9.4M params x 2 B... less than the 37.7M dense MLP)
+    diff = weight_bytes_per_rank(b, 1, tokens=1) - weight_bytes_per_rank(a, 1, tokens=1)
+    assert diff == pytest.approx(4 * 2 * (3 * 2048 * 6144 - 3 * 2048 * 768 * 8 - 2048 * 128), rel=1e-6)
+    v3 = model_spec("DeepSeek-V3")
+    assert (v3.dense_mlp_layers, v3.moe_layers) == (3, 58)
+    assert mtp_drafter(v3).moe_layers == 1
+
+
+@pytest.mark.parametrize("field, value", [("first_k_dense_replace", -1), ("decoder_sparse_step", "2"),
+                                          ("moe_layer_freq", True), ("mlp_only_layers", "0,1"),
+                                          ("mlp_only_layers", [0, -3])])
+def test_hostile_moe_placement_fields_are_one_line_errors(tmp_path, field, value):
+    import json as _json
+
+    from draftfit.catalog.specs import resolve_model as model_spec
+    from draftfit.errors import DraftfitError
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(_json.dumps({
+        "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 1024, "num_hidden_layers": 4,
+        "num_attention_heads": 8, "vocab_size": 1000, "num_experts": 4, "num_experts_per_tok": 2, field: value}))
+    with pytest.raises(DraftfitError) as e:
+        model_spec(str(d))
+    assert field in str(e.value) and "\n" not in str(e.value)

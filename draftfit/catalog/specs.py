@@ -63,6 +63,9 @@ class ModelSpec:
     # The always-active shared expert(s) of an MoE layer, as one MLP's intermediate size: Qwen2-MoE's
     # shared_expert_intermediate_size, DeepSeek's n_shared_experts x moe_intermediate_size; 0 when none.
     shared_expert_intermediate_size: int = 0
+    # Layers of an MoE model whose MLP is dense (intermediate_size wide) instead of routed: DeepSeek-V3's and
+    # GLM-4.5's first_k_dense_replace, Qwen2/3-MoE's mlp_only_layers and decoder_sparse_step (dense_mlp_layers_of).
+    dense_mlp_layers: int = 0
     sliding_window: int = 0
     # RoPE buffers (vLLM keeps a cos/sin cache per distinct rope, loaded with the weights): linear and YaRN
     # scaling build it for max_position_embeddings x factor positions (rotary_embedding/linear_scaling_rope.py,
@@ -78,6 +81,11 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP routes to experts (all but dense_mlp_layers; 0 for a dense model)."""
+        return max(self.num_layers - self.dense_mlp_layers, 0) if self.is_moe else 0
 
     @property
     def is_eagle(self) -> bool:
@@ -238,6 +246,8 @@ _POSITIVE_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads
                         "intermediate_size", "vocab_size", "max_position_embeddings", "num_experts",
                         "num_local_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok",
                         "sliding_window")
+# MoE layer-placement fields, non-negative integers when present (dense_mlp_layers_of reads them).
+_MOE_PLACEMENT_FIELDS = ("first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step")
 _REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 # torch dtypes a checkpoint's config.json names (transformers writes these; "auto" is vLLM's own word)
 CONFIG_DTYPES = ("bfloat16", "float16", "float32", "float", "half")
@@ -268,6 +278,16 @@ def validate_config(config, where: str) -> dict:
                 continue
             raise DraftfitError(f"{where}: {key} = {v!r} is not a positive integer",
                                 fix=f"fix {key} in config.json (copy it from the model's published config)")
+    for key in _MOE_PLACEMENT_FIELDS:
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 2**20):
+            raise DraftfitError(f"{where}: {key} = {v!r} is not a non-negative integer",
+                                fix=f"fix {key} in config.json (copy it from the model's published config)")
+    only = cfg.get("mlp_only_layers")
+    if only is not None and not (isinstance(only, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                and i >= 0 for i in only)):
+        raise DraftfitError(f"{where}: mlp_only_layers = {only!r} is not a list of layer indices",
+                            fix="fix mlp_only_layers in config.json, e.g. [] or [0, 1]")
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     if heads % kv:
         raise DraftfitError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}",
@@ -426,6 +446,23 @@ def quantization_of(config: dict, where: str = "config.json") -> str:
     return fmt
 
 
+def dense_mlp_layers_of(cfg: dict, layers: int, experts: int) -> int:
+    """How many of an MoE config's layers keep a dense MLP, by the rule each architecture's vLLM model applies:
+    DeepSeek-V2/V3, GLM-4.5, Kimi-K2 route layer i when i >= first_k_dense_replace and i % moe_layer_freq == 0
+    (deepseek_v2.py); Qwen2/3-MoE when i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0
+    (qwen2_moe.py, qwen3_moe.py); Llama-4 when (i + 1) % interleave_moe_layer_step == 0 (llama4.py)."""
+    if not experts or layers <= 0:
+        return 0
+    first_k = cfg.get("first_k_dense_replace") or 0
+    freq = cfg.get("moe_layer_freq") or 1
+    step = cfg.get("decoder_sparse_step") or 1
+    interleave = cfg.get("interleave_moe_layer_step") or 1
+    only = set(cfg.get("mlp_only_layers") or [])
+    routed = sum(1 for i in range(layers) if i >= first_k and i % freq == 0 and i not in only
+                 and (i + 1) % step == 0 and (i + 1) % interleave == 0)
+    return layers - routed
+
+
 def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: str = "",
                      tokenizer: str = "") -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json dict (text models; nested text_config honoured; a
@@ -445,11 +482,13 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
     # Mixtral-style configs have no moe_intermediate_size: each expert is intermediate_size wide.
     moe_inter = (cfg.get("moe_intermediate_size") or inter) if experts else 0
     shared_inter = _shared_expert_intermediate_size(cfg, moe_inter) if experts else 0
+    dense_layers = dense_mlp_layers_of(cfg, layers, experts)
     # Parameter count from the shapes: attention, MLP (or experts), norms, embeddings.
     attn = hidden * (heads * head_dim) * 2 + hidden * (kv_heads * head_dim) * 2
     mlp = 3 * hidden * (moe_inter or inter) * (experts or 1) + (hidden * experts if experts else 0) \
         + 3 * hidden * shared_inter
-    params = layers * (attn + mlp + 2 * hidden) + vocab * hidden * (1 if tie else 2) + hidden
+    params = layers * (attn + 2 * hidden) + (layers - dense_layers) * mlp + dense_layers * 3 * hidden * inter \
+        + vocab * hidden * (1 if tie else 2) + hidden
     dtype = str(config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
     archs = config.get("architectures") or ["unknown"]
     window, layer_pattern = layer_types_from_config(config, cfg, layers)
@@ -460,7 +499,7 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
         tie_word_embeddings=tie, params_b=round(params / 1e9, 3), tokenizer=tokenizer,
         family=str(config.get("model_type", "")), dtype=dtype.replace("torch.", ""),
         num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok") or 0,
-        moe_intermediate_size=moe_inter, shared_expert_intermediate_size=shared_inter,
+        moe_intermediate_size=moe_inter, shared_expert_intermediate_size=shared_inter, dense_mlp_layers=dense_layers,
         sliding_window=window, layer_types=layer_pattern,
         rope_scaling_factor=_rope_cache_factor(cfg), rope_local_base_freq=_pos_float(cfg.get("rope_local_base_freq")),
         local_path=local_path, source=f"{local_path or hub_id}/config.json",
@@ -625,6 +664,7 @@ def mtp_drafter(target: ModelSpec) -> ModelSpec | None:
     return dataclasses.replace(
         target, name=f"{target.name}-MTP", aliases=(), method="mtp", draft_for=(target.name,), num_layers=n,
         params_b=round(n * (layer + 2 * h * h) / 1e9, 3), family="mtp", num_nextn_predict_layers=0,
+        dense_mlp_layers=0,  # an MTP layer routes like the target's MoE layers (DeepSeek-V3's, GLM-4.5's)
         source=f"{target.source}#num_nextn_predict_layers={n} (the target's own MTP layers)")
 
 

@@ -178,11 +178,13 @@ def weight_bytes_per_rank(spec, tp: int, tokens: int = 1) -> float:
     q = spec.num_attention_heads * spec.head_dim
     kv = spec.num_kv_heads * spec.head_dim
     attn = h * q * 2 + h * kv * 2
-    if spec.is_moe:
+    dense_mlp = 3 * h * spec.intermediate_size
+    if spec.is_moe:  # the routed layers; dense_mlp_layers keep a dense MLP (DeepSeek-V3's first three)
         experts_read = expert_coverage(spec.num_experts, spec.num_experts_per_tok, tokens)
-        mlp = expert_params_per_layer(spec) * experts_read + _moe_always_read_params_per_layer(spec)
+        routed = expert_params_per_layer(spec) * experts_read + _moe_always_read_params_per_layer(spec)
+        mlp_total = spec.moe_layers * routed + (layers - spec.moe_layers) * dense_mlp
     else:
-        mlp = 3 * h * spec.intermediate_size
+        mlp_total = layers * dense_mlp
     if spec.method.startswith("eagle"):
         # An EAGLE head (fc fusion, its own narrow lm_head, maybe its own embedding): memory.plan sizes its
         # parts; a pass streams all of them but the embedding rows, which are gathered.
@@ -190,18 +192,20 @@ def weight_bytes_per_rank(spec, tp: int, tokens: int = 1) -> float:
         return float(w["total"] - w["embedding"] - w["rotary_cache"])
     # The linear layers in the checkpoint's (or --quantization's) format, the LM head in the model dtype.
     linear_bpp = linear_bytes_per_param(spec, _dtype_bytes(spec))
-    return (layers * (attn + mlp) * linear_bpp + spec.vocab_size * h * _dtype_bytes(spec)) / tp
+    return ((layers * attn + mlp_total) * linear_bpp + spec.vocab_size * h * _dtype_bytes(spec)) / tp
 
 
 def flops_per_token(spec, context_len: int, tp: int) -> float:
     h, layers = spec.hidden_size, spec.num_layers
     q = spec.num_attention_heads * spec.head_dim
     kv = spec.num_kv_heads * spec.head_dim
+    dense_mlp = 3 * h * spec.intermediate_size
     if spec.is_moe:  # each token multiplies by its top_k experts, the router and the shared experts
-        mlp = expert_params_per_layer(spec) * max(spec.num_experts_per_tok, 1) + _moe_always_read_params_per_layer(spec)
+        routed = expert_params_per_layer(spec) * max(spec.num_experts_per_tok, 1) + _moe_always_read_params_per_layer(spec)
+        mlp_total = spec.moe_layers * routed + (layers - spec.moe_layers) * dense_mlp
     else:
-        mlp = 3 * h * spec.intermediate_size
-    dense = layers * (h * q * 2 + h * kv * 2 + mlp) + spec.vocab_size * h
+        mlp_total = layers * dense_mlp
+    dense = layers * (h * q * 2 + h * kv * 2) + mlp_total + spec.vocab_size * h
     attn = layers * 4 * q * context_len  # QK^T and PV
     return (2 * dense + attn) / tp
 
@@ -274,15 +278,10 @@ def graph_miss(batch: int, k: int) -> bool:
     return batch * (k + 1) > CUDAGRAPH_MAX_TOKENS
 
 
-def moe_layers(spec) -> int:
-    """Layers with routed experts (the catalog's MoE models route in every layer)."""
-    return spec.num_layers if spec.is_moe else 0
-
-
 def moe_extra_token_layers(target, draft, *, batch: int, k: int) -> float:
     """What MOE_TOKEN_LAYER_MS multiplies: the B x K tokens a speculative step adds to the plain step's B, in the
     target's verify and in the draft's first pass, times their MoE layers (0 for two dense models)."""
-    return float(batch * k * (moe_layers(target) + moe_layers(draft)))
+    return float(batch * k * (target.moe_layers + draft.moe_layers))
 
 
 def overhead_features(target, draft, *, batch: int, k: int) -> list[float]:

@@ -11,14 +11,13 @@ Two sources, the better one wins:
   part of it). A speculative step adds its own per step and per sequence (rejection sampler, proposer
   bookkeeping, async scheduling switched off with a draft model); its first draft pass costs its roofline
   (launched while the verify still runs on the GPU; what of its launch time outlasts the verify shows), each of
-  the K-1 further passes the larger of its
-  roofline and its host time (a cost per draft layer: the drafter replays piecewise CUDA graphs with
-  attention in between, and the GPU runs while the host launches), and every pass a cost per sequence;
-  and when batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify and the draft's first
-  pass run eager, a cost per layer; an MoE layer adds a cost per token for the B x K tokens the step adds
-  (fused_moe's routing, padding, gather and scatter). The constants below are priors; `fitted_overheads` refits them from the
-  calibration tables (calibration_points is the one loop over measured points that fitting, the learned
-  correction and bench/speedup.py share).
+  the K-1 further passes the larger of its roofline and its host time (a cost per draft layer: the drafter
+  replays piecewise CUDA graphs with attention in between, and the GPU runs while the host launches), and every
+  pass a cost per sequence; and when batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify
+  and the draft's first pass run eager, a cost per layer; an MoE layer adds a cost per token for the B x K
+  tokens the step adds (MOE_TOKEN_LAYER_MS). The constants below are priors; `fitted_overheads` refits them
+  from the calibration tables (calibration_points is the one loop over measured points that fitting, the
+  learned correction and bench/speedup.py share).
 
 c (Leviathan et al. 2023's cost coefficient) = one draft forward / one plain target step, per batch.
 """
@@ -81,8 +80,8 @@ EAGER_LAYER_MS = 0.4
 # tokens where the plain step ran B, and so does the draft's first pass. Measured on the H200 (vLLM 0.26, Triton
 # fused_moe, bf16): the MoE targets' steps at batch 32-128 rose with B x K far above the roofline of reading the
 # covered experts and multiplying by top_k of them (Mixtral-8x7B batch 128 K=3: 82 ms against 62 ms), while the
-# dense targets' did not. fused_moe sorts every token's top_k choices by expert, pads each expert's rows to the
-# kernel's block, gathers and scatters them: work per token and layer that a FLOPs roofline does not see. No
+# dense targets' did not. The likely cause: fused_moe sorts every token's top_k choices by expert, pads each expert's
+# rows to the kernel's block, gathers and scatters them, work per token and layer that a FLOPs roofline omits. No
 # published figure gives it, so the prior is 0 (the roofline alone) and fitted_overheads learns it from the MoE
 # tables; a dense model never exercises it.
 MOE_TOKEN_LAYER_MS = 0.0
@@ -201,7 +200,8 @@ def flops_per_token(spec, context_len: int, tp: int) -> float:
     kv = spec.num_kv_heads * spec.head_dim
     dense_mlp = 3 * h * spec.intermediate_size
     if spec.is_moe:  # each token multiplies by its top_k experts, the router and the shared experts
-        routed = expert_params_per_layer(spec) * max(spec.num_experts_per_tok, 1) + _moe_always_read_params_per_layer(spec)
+        routed = expert_params_per_layer(spec) * max(spec.num_experts_per_tok, 1) \
+            + _moe_always_read_params_per_layer(spec)
         mlp_total = spec.moe_layers * routed + (layers - spec.moe_layers) * dense_mlp
     else:
         mlp_total = layers * dense_mlp
@@ -382,7 +382,7 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
         verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
         # MoE layers' per-token work is GPU time: it counts with the verify's roofline in the regime test (the
         # first pass's launches hide under the roofline alone, as the fit sees them: _fit_spec_terms)
-        moe_ms = moe_extra_token_layers(target, draft, batch=batch, k=k) * ov["moe_token_layer_ms"]
+        moe_ms = _moe_ms(target, draft, batch=batch, k=k, overheads=ov)
         verify[k] = verify_roof + moe_ms + eager
         first[k] = first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp)
         spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp), hidden,
@@ -495,10 +495,15 @@ def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: in
     return _host_and_gpu_ms(
         draft, k=k, tp=tp, overheads=ov,
         verify_roof_ms=forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
-        + moe_extra_token_layers(target, draft, batch=batch, k=k) * ov["moe_token_layer_ms"],
+        + _moe_ms(target, draft, batch=batch, k=k, overheads=ov),
         draft_roof_ms=forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp),
         eager_ms=_eager_ms(target, draft, batch=batch, k=k, overheads=ov),
         first_roof_ms=first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp))
+
+
+def _moe_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
+    """The MoE layers' per-token work on the tokens a speculative step adds (0 for two dense models)."""
+    return moe_extra_token_layers(target, draft, batch=batch, k=k) * overheads["moe_token_layer_ms"]
 
 
 def _eager_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:

@@ -443,8 +443,12 @@ def run_engine(spec: dict, out_path: str) -> dict:
                 before, host_before = _counters(llm), host_snapshot()
                 spy = None
                 if spec.get("pyspy") and len(hosts) == 1 and hosts[0].get("procs"):
-                    # The second repeat, on the process that was busiest in the first, for about its length.
-                    spy = PySpyRecord(hosts[0]["procs"][0]["pid"], math.ceil(tms[0] + PYSPY_ATTACH_S),
+                    # The second repeat, on the process that was busiest in the first, for about its length: the
+                    # busiest but this one (the LLM client) when there is another, as the engine core runs in a
+                    # child process unless it is in-process; on a loaded 2-core host the client can outrun it.
+                    procs = hosts[0]["procs"]
+                    target = next((p for p in procs if p["pid"] != os.getpid()), procs[0])
+                    spy = PySpyRecord(target["pid"], math.ceil(tms[0] + PYSPY_ATTACH_S),
                                       f"{out_path}.pyspy-b{batch}.txt")
                 with spy or contextlib.nullcontext():
                     if spy:

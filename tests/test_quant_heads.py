@@ -106,3 +106,75 @@ def test_mtp_row_for_deepseek_v3_and_a_config_vllm_accepts():
     fields = set(SpeculativeConfig.__dataclass_fields__)
     assert set(cmd.speculative_config) <= fields
     assert "mtp" in str(SpeculativeConfig.__dataclass_fields__["method"].type)
+
+
+# openai/gpt-oss-120b's config.json fields (https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json, as quoted
+# by public test fixtures; docs/DEVELOPING.md "Catalog entries waiting for a source"): mxfp4 experts, attention,
+# router, embedding and lm_head left unconverted.
+GPT_OSS_120B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+    "head_dim": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 36,
+    "num_local_experts": 128, "num_experts_per_tok": 4, "experts_per_token": 4, "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 18, "vocab_size": 201088,
+    "max_position_embeddings": 131072, "tie_word_embeddings": False, "attention_bias": True,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                       "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+}
+
+
+@pytest.mark.parametrize("qc, left_out", [
+    (GPT_OSS_120B["quantization_config"], True),
+    ({"quant_method": "compressed-tensors", "ignore": ["lm_head"]}, False),
+    ({"quant_method": "compressed-tensors", "ignore": ["lm_head", "re:.*self_attn.*"]}, True),
+    ({"quant_method": "awq", "modules_to_not_convert": None}, False),
+    ({"quant_method": "modelopt", "exclude_modules": ["lm_head", "model.layers.*.self_attn*"]}, True),
+    ({"quant_method": "awq", "modules_to_not_convert": "self_attn"}, False),  # not a list: nothing read from it
+])
+def test_attention_left_out_of_the_quantized_format(qc, left_out):
+    from draftfit.catalog.specs import attention_left_unquantized
+
+    assert attention_left_unquantized({"quantization_config": qc}) is left_out
+
+
+def test_mxfp4_experts_with_bf16_attention_are_sized_part_by_part(tmp_path):
+    """gpt-oss-120b: only the experts are mxfp4 (4.25 bits); its 36 layers' attention projections stay bf16, in the
+    memory plan and in the roofline's weight traffic alike; at TP=2 both halves split."""
+    from draftfit.memory.plan import QUANT_BYTES_PER_PARAM
+    from draftfit.speedup.stepcost import weight_bytes_per_rank
+
+    spec = spec_from_folder(_folder(tmp_path, GPT_OSS_120B, "gpt-oss-120b"))
+    assert (spec.quantization, spec.unquantized_attention, spec.layer_types) == ("mxfp4", True, "SF*18")
+    qc = dict(GPT_OSS_120B["quantization_config"], modules_to_not_convert=["lm_head"])
+    all4 = spec_from_folder(_folder(tmp_path, dict(GPT_OSS_120B, quantization_config=qc), "all-mxfp4"))
+    assert not all4.unquantized_attention
+    gpu = resolve_gpu("H200")
+    attn_params = 36 * (2880 * 64 * 64 * 2 + 2880 * 8 * 64 * 2)
+    extra_gib = attn_params * (2 - QUANT_BYTES_PER_PARAM["mxfp4"]) / 2**30
+    for tp in (1, 2):
+        a = plan_memory(spec, None, gpu, tp=tp, max_model_len=8192, strict=False).target_weights_gib
+        b = plan_memory(all4, None, gpu, tp=tp, max_model_len=8192, strict=False).target_weights_gib
+        assert a - b == pytest.approx(extra_gib / tp, abs=0.01)
+    assert weight_bytes_per_rank(spec, 1) - weight_bytes_per_rank(all4, 1) == pytest.approx(
+        attn_params * (2 - QUANT_BYTES_PER_PARAM["mxfp4"]), rel=1e-6)
+    # --quantization on the command line converts every linear layer (vLLM's online fp8), attention included
+    f8 = plan_memory(spec, None, gpu, tp=1, max_model_len=8192, strict=False, quantization="fp8")
+    assert f8.target_weights_gib > plan_memory(spec, None, gpu, tp=1, max_model_len=8192,
+                                               strict=False).target_weights_gib
+
+
+def test_dense_mlp_layers_are_sized_dense_in_the_memory_plan(tmp_path):
+    """A Qwen2-MoE-shaped folder whose first four layers are mlp_only_layers: those hold one dense MLP and no router."""
+    base = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+            "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 5632,
+            "moe_intermediate_size": 1408, "num_experts": 60, "num_experts_per_tok": 4,
+            "shared_expert_intermediate_size": 5632, "vocab_size": 100000, "max_position_embeddings": 8192}
+    a = spec_from_folder(_folder(tmp_path, base, "moe-all"))
+    b = spec_from_folder(_folder(tmp_path, dict(base, mlp_only_layers=[0, 1, 2, 3]), "moe-4-dense"))
+    gpu = resolve_gpu("H200")
+    pa = plan_memory(a, None, gpu, tp=1, max_model_len=4096, strict=False).target_weights_gib
+    pb = plan_memory(b, None, gpu, tp=1, max_model_len=4096, strict=False).target_weights_gib
+    h = 2048
+    moe_layer = 3 * h * 1408 * 60 + 3 * h * 5632 + h * 60 + h  # experts, shared expert, router, shared gate
+    assert pa - pb == pytest.approx(4 * (moe_layer - 3 * h * 5632) * 2 / 2**30, abs=0.005)

@@ -47,6 +47,9 @@ class ModelSpec:
     # The checkpoint's own weight format, a key of memory.plan.QUANT_BYTES_PER_PARAM ("" = the dtype): read from
     # config.json's quantization_config, so a local FP8 folder is sized as FP8 without any flag.
     quantization: str = ""
+    # The checkpoint's quantization_config leaves the attention projections in the model dtype
+    # (modules_to_not_convert / ignore naming self_attn: gpt-oss's mxfp4 converts only its experts).
+    unquantized_attention: bool = False
     # EAGLE-3 heads: rows of the head's own lm_head (0: vocab_size), and the width of the target hidden states
     # its fc layer fuses (0: hidden_size; the EAGLE3-LLaMA3.3-70B head is narrower than its target).
     draft_vocab_size: int = 0
@@ -463,6 +466,21 @@ def dense_mlp_layers_of(cfg: dict, layers: int, experts: int) -> int:
     return layers - routed
 
 
+def attention_left_unquantized(config: dict) -> bool:
+    """Whether quantization_config keeps the attention projections out of the quantized format: vLLM skips the
+    modules named in modules_to_not_convert (mxfp4, awq, bitsandbytes, modelopt's exclude_modules) or compressed-tensors'
+    `ignore` (names or `re:` patterns), matched here on the module path's "self_attn" part."""
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict):
+        return False
+    names = []
+    for key in ("modules_to_not_convert", "ignore", "exclude_modules"):
+        v = qc.get(key)
+        if isinstance(v, list):
+            names += [x for x in v if isinstance(x, str)]
+    return any("self_attn" in n or n.rstrip("*.").endswith(("attn", "attention")) for n in names)
+
+
 def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: str = "",
                      tokenizer: str = "") -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json dict (text models; nested text_config honoured; a
@@ -504,6 +522,7 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
         rope_scaling_factor=_rope_cache_factor(cfg), rope_local_base_freq=_pos_float(cfg.get("rope_local_base_freq")),
         local_path=local_path, source=f"{local_path or hub_id}/config.json",
         quantization=quantization_of(config, f"{local_path or hub_id or name}/config.json"),
+        unquantized_attention=attention_left_unquantized(config),
         draft_vocab_size=_pos_int(cfg.get("draft_vocab_size")), target_hidden_size=_pos_int(cfg.get("target_hidden_size")),
         num_nextn_predict_layers=_pos_int(cfg.get("num_nextn_predict_layers")),
         kv_lora_rank=_pos_int(cfg.get("kv_lora_rank")), qk_rope_head_dim=_pos_int(cfg.get("qk_rope_head_dim")),
@@ -629,8 +648,11 @@ def spec_from_folder(path: Path, hub_id: str = "") -> ModelSpec:
         return spec
     import dataclasses
 
-    # The folder's own quantization_config wins: an FP8 copy of a bf16 catalog model is sized as FP8.
+    # The folder's own quantization_config wins: an FP8 copy of a bf16 catalog model is sized as FP8; so does its
+    # MoE layer placement (the checkpoint's config.json is what vLLM builds).
     return dataclasses.replace(entry, local_path=local, dtype=spec.dtype, quantization=spec.quantization,
+                               unquantized_attention=spec.unquantized_attention,
+                               dense_mlp_layers=spec.dense_mlp_layers if entry.is_moe else entry.dense_mlp_layers,
                                source=f"{local}/config.json (matches catalog entry {entry.name})")
 
 

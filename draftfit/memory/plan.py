@@ -92,6 +92,17 @@ def linear_bytes_per_param(spec, act_bytes: float, quantization: str = "none") -
         raise DraftfitError(f"unknown quantization {fmt!r}", fix="use " + ", ".join(QUANT_BYTES_PER_PARAM))
     return QUANT_BYTES_PER_PARAM[fmt] or act_bytes
 
+
+def attention_bytes_per_param(spec, act_bytes: float, quantization: str = "none") -> float:
+    """Bytes one attention-projection parameter takes: linear_bytes_per_param, except where the checkpoint's own
+    quantization_config leaves attention unconverted (spec.unquantized_attention: gpt-oss's mxfp4 converts the
+    experts only, `modules_to_not_convert: model.layers.*.self_attn`): then the activation dtype. A quantization
+    asked for on the command line converts every linear layer, as vLLM's online fp8 does."""
+    asked = quantization not in (None, "", "none", "auto")
+    if getattr(spec, "unquantized_attention", False) and not asked:
+        return act_bytes
+    return linear_bytes_per_param(spec, act_bytes, quantization)
+
 # Modelled terms (GPU). `sure`: derived from the vLLM source; `fit`: fitted to the 22 H200 engine starts in
 # draftfit/data/reference/memory/gpu_*.json (vLLM 0.26.0, `Actual usage is ...` lines); the test recomputes them all.
 MODEL_CONSTANTS = {
@@ -403,6 +414,7 @@ def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "n
                            max_position: int | None = None) -> dict:
     """Bytes of parameters (and load-time buffers) on one TP rank, as vLLM allocates them."""
     linear_bpp = linear_bytes_per_param(spec, act_bytes, quantization)
+    attn_bpp = attention_bytes_per_param(spec, act_bytes, quantization)
     if _spec_get(spec, "is_eagle", False):
         return _head_weights_bytes_per_rank(spec, tp, act_bytes, linear_bpp, max_position)
     if _spec_get(spec, "kv_lora_rank", 0):
@@ -426,7 +438,12 @@ def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "n
     shared = (_spec_get(spec, "shared_expert_intermediate_size", 0) or 0) if experts else 0
     mlp += 3 * h * (shared // tp)
     router = h * experts + (h if shared and "qwen2" in (spec.family or spec.architecture).lower() else 0)
-    linear = L * (qkv + o + mlp)
+    # The layers an MoE config keeps dense (catalog.specs.dense_mlp_layers_of) hold one intermediate_size MLP and
+    # no router instead.
+    dense_layers = min(_spec_get(spec, "dense_mlp_layers", 0) or 0, L) if experts else 0
+    moe_layers = L - dense_layers if experts else 0
+    mlp_params = (moe_layers * mlp + dense_layers * 3 * h * (spec.intermediate_size // tp)) if experts else L * mlp
+    router_params = moe_layers * router if experts else 0
     qkv_bias = L * (q_rank + 2 * kv_rank) if "qwen2" in (spec.family or spec.architecture).lower() else 0
     qk_norm = L * 2 * hd if "qwen3" in (spec.family or spec.architecture).lower() else 0
     norms = L * 2 * h + h + qk_norm
@@ -434,10 +451,10 @@ def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "n
     embed = vocab_rank * h
     lm_head = 0 if spec.tie_word_embeddings else vocab_rank * h
     out = {
-        "linear": int(linear * linear_bpp),
+        "linear": int(L * (qkv + o) * attn_bpp + mlp_params * linear_bpp),
         "embedding": embed * act_bytes,
         "lm_head": lm_head * act_bytes,
-        "norms_bias_router": (norms + qkv_bias + L * router) * act_bytes,
+        "norms_bias_router": (norms + qkv_bias + router_params) * act_bytes,
         "rotary_cache": _rotary_buffer_bytes(spec, act_bytes, max_position),
     }
     out["total"] = sum(out.values())

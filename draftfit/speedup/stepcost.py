@@ -37,7 +37,8 @@ from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, Po
                                          model_spec as resolve, table_vllm, tables_of_version)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
 from draftfit.catalog.specs import GpuSpec, resolve_gpu
-from draftfit.memory.plan import linear_bytes_per_param, weights_bytes_per_rank as weights_bytes_per_rank_plan
+from draftfit.memory.plan import (attention_bytes_per_param, linear_bytes_per_param,
+                                  weights_bytes_per_rank as weights_bytes_per_rank_plan)
 from draftfit.vllm_version import modelled_version
 
 # Fractions of the data-sheet numbers a decode step reaches. Bandwidth: a device-to-device copy on the lent
@@ -189,9 +190,11 @@ def weight_bytes_per_rank(spec, tp: int, tokens: int = 1) -> float:
         # parts; a pass streams all of them but the embedding rows, which are gathered.
         w = weights_bytes_per_rank_plan(spec, tp, _dtype_bytes(spec))
         return float(w["total"] - w["embedding"] - w["rotary_cache"])
-    # The linear layers in the checkpoint's (or --quantization's) format, the LM head in the model dtype.
+    # The linear layers in the checkpoint's (or --quantization's) format, attention where the checkpoint leaves it
+    # unconverted and the LM head in the model dtype.
     linear_bpp = linear_bytes_per_param(spec, _dtype_bytes(spec))
-    return ((layers * attn + mlp_total) * linear_bpp + spec.vocab_size * h * _dtype_bytes(spec)) / tp
+    attn_bpp = attention_bytes_per_param(spec, _dtype_bytes(spec))
+    return (layers * attn * attn_bpp + mlp_total * linear_bpp + spec.vocab_size * h * _dtype_bytes(spec)) / tp
 
 
 def flops_per_token(spec, context_len: int, tp: int) -> float:

@@ -10,7 +10,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 DEST=${1:-.gpu}
 XZ_THREADS=${XZ_THREADS:-2}
 mkdir -p "$DEST/dl" "$DEST/stream"
-grep -v '^#' "$here/../../shared/gpu/wheels.txt" 2>/dev/null > "$DEST/wheels.txt" || grep -v '^#' ../shared/gpu/wheels.txt > "$DEST/wheels.txt"
+grep -v '^#' "$here/../../shared/gpu/wheels.txt" > "$DEST/wheels.txt"  # ../shared beside the project folder
 while read -r req; do
   [ -n "$req" ] || continue
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -184,18 +184,26 @@ def _score_held_out(held, overheads, corrector, cases: list, best_cases: list, p
         # TPOT at K is proportional to 1/speedup: within 3 % of the best TPOT.
         ok = k_pred == k_meas or per_k[k_meas][0] / per_k[k_pred][0] <= 1.03
         ok_lev = k_lev == k_meas or per_k[k_meas][0] / per_k[k_lev][0] <= 1.03
-        # The advice draftfit prints: its best K, or no speculation (K=0, speedup 1) below 1.05x predicted.
-        measured_of = {0: 1.0, **{k: v[0] for k, v in per_k.items()}}
-        d_meas = max(measured_of, key=measured_of.get)
-        d_pred = k_pred if per_k[k_pred][1] >= NO_SPECULATION_BELOW else 0
-        d_lev = k_lev if per_k[k_lev][2] >= NO_SPECULATION_BELOW else 0
+        measured = {k: v[0] for k, v in per_k.items()}
+        d_meas, d_pred, d_ok = _advice_judged(measured, {k: v[1] for k, v in per_k.items()})
+        _, _, d_ok_lev = _advice_judged(measured, {k: v[2] for k, v in per_k.items()})
         best_cases.append({"config": config, "batch": b, "k_measured": k_meas, "k_draftfit": k_pred,
                            "k_leviathan": k_lev, "ok": ok, "ok_leviathan": ok_lev, "n_k": len(per_k),
                            "s_measured": per_k[k_meas][0], "s_at_k_draftfit": per_k[k_pred][0],
                            "p_best": per_k[k_pred][1], "d_measured": d_meas, "d_draftfit": d_pred,
-                           "d_ok": measured_of[d_meas] / measured_of[d_pred] <= 1.03,
-                           "d_ok_leviathan": measured_of[d_meas] / measured_of[d_lev] <= 1.03,
-                           "corrected": corrector is not None})
+                           "d_ok": d_ok, "d_ok_leviathan": d_ok_lev, "corrected": corrector is not None})
+
+
+def _advice_judged(measured: dict, predicted: dict) -> tuple[int, int, bool]:
+    """The advice a prediction gives at one batch size, judged against the measurement (both K -> speedup): its
+    best K, or no speculation (K=0, speedup 1) below NO_SPECULATION_BELOW predicted, against the measured best
+    option, no speculation included; right when its measured TPOT is within 3 % of the best's. Returns
+    (measured best, advised, right)."""
+    k_pred = max(predicted, key=predicted.get)
+    advised = k_pred if predicted[k_pred] >= NO_SPECULATION_BELOW else 0
+    measured_of = {0: 1.0, **measured}
+    best = max(measured_of, key=measured_of.get)
+    return best, advised, measured_of[best] / measured_of[advised] <= 1.03
 
 
 NOISY = 0.10  # repeats whose slowest is more than 10 % slower than their fastest
@@ -514,11 +522,8 @@ def render_preregistered(records: list[dict]) -> str:
             ok = meas["measured"] / pred["measured"] <= 1.03
             verdicts.append(f"batch {b}: draftfit K={pred['k']} ({pred['measured']:.2f}x measured), measured best "
                             f"K={meas['k']} ({meas['measured']:.2f}x)" + ("" if ok else " ✗"))
-            # The advice as _score_held_out judges it: its best K, or none below 1.05x; right within 3 % TPOT.
-            d_pred = pred["k"] if pred["predicted"] >= NO_SPECULATION_BELOW else 0
-            measured_of = {0: 1.0, **{p["k"]: p["measured"] for p in ps}}
-            d_meas = max(measured_of, key=measured_of.get)
-            advice.append((b, d_meas, d_pred, measured_of[d_meas] / measured_of[d_pred] <= 1.03))
+            advice.append((b, *_advice_judged({p["k"]: p["measured"] for p in ps},
+                                              {p["k"]: p["predicted"] for p in ps})))
         if verdicts:
             lines += ["", "Best K among the measured K: " + "; ".join(verdicts) + "."]
         if advice:
@@ -542,9 +547,10 @@ def held_out_today(tables) -> str:
         return ""
     train = [t for t in v026 if t.target not in HELD_OUT_TARGETS]
     overheads = fitted_overheads(tables=train, vllm_version=None)
+    corrector = _corrector_for(train, overheads)
     cases, best = [], []
     for t in held:
-        _score_held_out(t, overheads, _corrector_for(train, overheads), cases, best, include_held_out=True)
+        _score_held_out(t, overheads, corrector, cases, best, include_held_out=True)
     if not cases:
         return ""
     errs = [abs(c["draftfit"] / c["measured"] - 1) for c in cases]

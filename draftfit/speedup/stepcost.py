@@ -169,6 +169,13 @@ def _moe_always_read_params_per_layer(spec) -> int:
     return spec.hidden_size * (spec.num_experts + 3 * spec.shared_expert_intermediate_size)
 
 
+def _mlp_params(spec, routed_per_layer: float) -> float:
+    """MLP parameters over all layers: `routed_per_layer` in each MoE layer (what a step reads or multiplies of its
+    experts, router and shared experts), an intermediate_size-wide dense MLP in every other layer."""
+    dense_mlp = 3 * spec.hidden_size * spec.intermediate_size
+    return spec.moe_layers * routed_per_layer + (spec.num_layers - spec.moe_layers) * dense_mlp
+
+
 def weight_bytes_per_rank(spec, tp: int, tokens: int = 1) -> float:
     """Bytes a forward pass over `tokens` new tokens streams from HBM for the weights: all layers + LM head
     (embedding rows are gathered, not streamed). Tensor parallelism splits them evenly. A dense model reads
@@ -178,13 +185,11 @@ def weight_bytes_per_rank(spec, tp: int, tokens: int = 1) -> float:
     q = spec.num_attention_heads * spec.head_dim
     kv = spec.num_kv_heads * spec.head_dim
     attn = h * q * 2 + h * kv * 2
-    dense_mlp = 3 * h * spec.intermediate_size
+    routed = 0.0
     if spec.is_moe:  # the routed layers; dense_mlp_layers keep a dense MLP (DeepSeek-V3's first three)
         experts_read = expert_coverage(spec.num_experts, spec.num_experts_per_tok, tokens)
         routed = expert_params_per_layer(spec) * experts_read + _moe_always_read_params_per_layer(spec)
-        mlp_total = spec.moe_layers * routed + (layers - spec.moe_layers) * dense_mlp
-    else:
-        mlp_total = layers * dense_mlp
+    mlp_total = _mlp_params(spec, routed)
     if spec.method.startswith("eagle"):
         # An EAGLE head (fc fusion, its own narrow lm_head, maybe its own embedding): memory.plan sizes its
         # parts; a pass streams all of them but the embedding rows, which are gathered.
@@ -201,14 +206,11 @@ def flops_per_token(spec, context_len: int, tp: int) -> float:
     h, layers = spec.hidden_size, spec.num_layers
     q = spec.num_attention_heads * spec.head_dim
     kv = spec.num_kv_heads * spec.head_dim
-    dense_mlp = 3 * h * spec.intermediate_size
+    routed = 0.0
     if spec.is_moe:  # each token multiplies by its top_k experts, the router and the shared experts
         routed = expert_params_per_layer(spec) * max(spec.num_experts_per_tok, 1) \
             + _moe_always_read_params_per_layer(spec)
-        mlp_total = spec.moe_layers * routed + (layers - spec.moe_layers) * dense_mlp
-    else:
-        mlp_total = layers * dense_mlp
-    dense = layers * (h * q * 2 + h * kv * 2) + mlp_total + spec.vocab_size * h
+    dense = layers * (h * q * 2 + h * kv * 2) + _mlp_params(spec, routed) + spec.vocab_size * h
     attn = layers * 4 * q * context_len  # QK^T and PV
     return (2 * dense + attn) / tp
 
@@ -516,10 +518,15 @@ def _eager_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
 
 def _host_and_gpu_ms(draft, *, k: int, tp: int, overheads: dict, verify_roof_ms: float, draft_roof_ms: float,
                      eager_ms: float, first_roof_ms: float | None = None) -> tuple[float, float]:
-    passes = k if not first_pass_hidden(overheads) else k - 1
     first = draft_roof_ms if first_roof_ms is None else first_roof_ms
-    return (passes * draft.num_layers * draft_layer_ms(overheads, tp) + eager_ms,
+    return (_host_launched_passes(k, overheads) * draft.num_layers * draft_layer_ms(overheads, tp) + eager_ms,
             verify_roof_ms + first + (k - 1) * draft_roof_ms)
+
+
+def _host_launched_passes(k: int, overheads: dict) -> int:
+    """The draft passes the regime test charges host launch time for: the K-1 loop passes, all K where the first
+    does not hide (FIRST_DRAFT_PASS_HIDDEN)."""
+    return k - 1 if first_pass_hidden(overheads) else k
 
 
 def is_host_bound(target, draft, gpu, *, batch: int, k: int, tp: int, context_len: int, overheads: dict) -> bool:
@@ -540,7 +547,7 @@ def host_bound_note(target, draft, gpu, *, tp: int, batch: int, context_len: int
     if host_ms <= gpu_ms:
         return None
     return (f"host-bound at batch {batch}: at K={k} vLLM's draft loop needs {host_ms:.1f} ms of host launch time "
-            f"({k - 1 if first_pass_hidden(overheads) else k} passes x {draft.num_layers} layers of {draft.name}) for "
+            f"({_host_launched_passes(k, overheads)} passes x {draft.num_layers} layers of {draft.name}) for "
             f"{gpu_ms:.1f} ms of GPU work, so the "
             "engine core's CPU thread sets the step; such steps varied up to 1.7x between runs on the H200 hosts "
             f"measured (README, host-trace), hence the prior's ±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} band there: "

@@ -385,16 +385,17 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     for k in k_values:
         eager = _eager_ms(target, draft, batch=batch, k=k, overheads=ov)
         verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
-        # MoE layers' per-token work is GPU time: it counts with the verify's roofline in the regime test (the
-        # first pass's launches hide under the roofline alone, as the fit sees them: _fit_spec_terms)
+        # MoE layers' per-token work is GPU time: it counts with the verify's roofline in the regime test
+        # (draft_loop_host_and_gpu_ms); the first pass's launches hide under the roofline alone, as the fit sees
+        # them (_fit_spec_terms)
         moe_ms = _moe_ms(target, draft, batch=batch, k=k, overheads=ov)
         verify[k] = verify_roof + moe_ms + eager
         first[k] = first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp)
         spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp), hidden,
                                               first[k], verify_roof) \
             + k * batch * ov["draft_seq_ms"] + ov["spec_ms"] + ov["spec_seq_ms"] * batch
-        host_ms, gpu_ms = _host_and_gpu_ms(draft, k=k, tp=tp, overheads=ov, verify_roof_ms=verify_roof + moe_ms,
-                                           draft_roof_ms=draft_roof, eager_ms=eager, first_roof_ms=first[k])
+        host_ms, gpu_ms = draft_loop_host_and_gpu_ms(target, draft, gpu, batch=batch, k=k, tp=tp,
+                                                     context_len=context_len, overheads=ov)
         band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if host_ms > gpu_ms else PRIOR_UNCERTAINTY_GPU_BOUND
     fixed = ov["spec_ms"] + ov["spec_seq_ms"] * batch
     return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=draft_fwd,
@@ -493,17 +494,17 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
 def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: int, context_len: int,
                                overheads: dict) -> tuple[float, float]:
     """The host launch time of vLLM's draft loop (K-1 passes of the draft's layers, K where the first pass does
-    not hide (FIRST_DRAFT_PASS_HIDDEN), plus every layer's
-    launches when batch x (K+1) tokens miss the CUDA graphs) and the step's GPU work (the verify of K+1
-    tokens and K draft rooflines), in ms."""
+    not hide (_host_launched_passes), plus every layer's launches when batch x (K+1) tokens miss the CUDA graphs)
+    and the step's GPU work (the verify of K+1 tokens with the MoE layers' per-token work, the first draft pass
+    over the verified tokens and K-1 loop rooflines), in ms: the regime test behind the prior's band."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
-    return _host_and_gpu_ms(
-        draft, k=k, tp=tp, overheads=ov,
-        verify_roof_ms=forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
-        + _moe_ms(target, draft, batch=batch, k=k, overheads=ov),
-        draft_roof_ms=forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp),
-        eager_ms=_eager_ms(target, draft, batch=batch, k=k, overheads=ov),
-        first_roof_ms=first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp))
+    host_ms = _host_launched_passes(k, ov) * draft.num_layers * draft_layer_ms(ov, tp) \
+        + _eager_ms(target, draft, batch=batch, k=k, overheads=ov)
+    gpu_ms = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp) \
+        + _moe_ms(target, draft, batch=batch, k=k, overheads=ov) \
+        + first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp) \
+        + (k - 1) * forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    return host_ms, gpu_ms
 
 
 def _moe_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
@@ -514,13 +515,6 @@ def _moe_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
 def _eager_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
     """The per-layer penalty of a step whose batch x (K+1) tokens miss the CUDA graphs (0 when they fit)."""
     return (target.num_layers + draft.num_layers) * overheads["eager_layer_ms"] if graph_miss(batch, k) else 0.0
-
-
-def _host_and_gpu_ms(draft, *, k: int, tp: int, overheads: dict, verify_roof_ms: float, draft_roof_ms: float,
-                     eager_ms: float, first_roof_ms: float | None = None) -> tuple[float, float]:
-    first = draft_roof_ms if first_roof_ms is None else first_roof_ms
-    return (_host_launched_passes(k, overheads) * draft.num_layers * draft_layer_ms(overheads, tp) + eager_ms,
-            verify_roof_ms + first + (k - 1) * draft_roof_ms)
 
 
 def _host_launched_passes(k: int, overheads: dict) -> int:

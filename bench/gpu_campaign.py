@@ -32,7 +32,8 @@ Phases (the lead launches each as its own command):
   P        one GPU: Qwen3-32B + Qwen3-1.7B (baseline, K 2, 4, 1, 3; 3 repeats), predicted beforehand (draftfit/data/predictions/)
   M1       one GPU: Mixtral-8x7B + Mistral-7B-v0.1 at util 0.9 (baseline, K 2, 4, 1, 3, 6, 5); M2: Qwen1.5-MoE-A2.7B +
            Qwen1.5-0.5B (same K); MC: memory only, the MoE targets alone and with their drafts at 8192 tokens
-  M2R      one GPU: second starts of M2's engines in one lease (5 repeats, 8192 tokens, baseline first and last)
+  M2R      one GPU: second starts of M2's engines in one lease (5 repeats, 8192 tokens, baseline first and last);
+           M2R3: third starts of its K 6, 3, 2, 5
   PM       one GPU: Qwen3-30B-A3B + Qwen3-0.6B, the held-out MoE check (predicted beforehand; never in a fit)
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
@@ -179,6 +180,8 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # of 64-token prompts and 96 new tokens do not depend on max_model_len). Pooled with M2 at ingest.
         "M2R": [("gpu0", "0", 120, _restarts(qm, q05, (0, 3, 4, 2, 1, 6, 5), repeats=5, max_model_len=8192)
                  + _restarts(qm, q05, (0,), suffix="-r3", repeats=5, max_model_len=8192))],
+        # Third starts of the K whose two starts disagreed most (tpot apart by 20-70 % at some batch size).
+        "M2R3": [("gpu0", "0", 120, _restarts(qm, q05, (6, 3, 2, 5), suffix="-r3", repeats=5, max_model_len=8192))],
         # Memory only, for the KV-token check against vLLM's log (never used to fit constants): the MoE targets
         # alone and with their drafts at a longer context than the timing phases' 2048.
         "MC": [("gpu0", "0", 240, [engine(mx, None, 0, memory_only=True, util=0.9, max_model_len=8192),

@@ -201,7 +201,11 @@ def main() -> None:
             "(draftfit/memory.py MODEL_CONSTANTS); the 7 Qwen2.5-Coder-32B records at util 0.85, len 2048 "
             "(2026-12-01) came later and were not fitted, nor were the MoE (Qwen1.5-MoE-A2.7B, Mixtral-8x7B, their "
             "drafts) and sliding-window (Gemma-2, Gemma-3) records of the seventh session (issue 16): their MoE "
-            "terms (expert workspace, shared experts) are read off vLLM 0.26's source, not fitted.\n\n"
+            "terms (expert workspace, shared experts) are read off vLLM 0.26's source, not fitted. One "
+            "exception (tenth session): the attention phase of an MoE layer (MODEL_CONSTANTS fwd_attn_q_copies) "
+            "is fitted on the two records that expose it, Mixtral-8x7B and Qwen3-30B-A3B alone at 2048 tokens; "
+            "the 8192-token MoE records (pre-registered in draftfit/data/predictions/"
+            "2026-12-02_moe_memory_8192__H200.json) were measured after that prediction and are not fitted.\n\n"
             + markdown_table(["case", "models", "where", "layout", "vLLM KV tokens", "draftfit", "error",
                               "weights-only (error)", "source"], rows())
             + "\n\nPer term on the GPU records, GiB, draftfit / vLLM (`Actual usage is W for weight, A for peak "

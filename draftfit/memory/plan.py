@@ -113,12 +113,27 @@ MODEL_CONSTANTS = {
     "fwd_hidden_copies": 2.22,
     "fwd_intermediate_copies": 3.0,
     "fwd_qkv_copies": 1.0,
-    # Sampler dummy run, bytes per logit element (rows = min(max_num_batched_tokens, max_num_seqs)).
-    # V1 (v1/sample/sampler.py): [fit] 31.9 B (= 8 fp32 copies): 3.91 / 4.60 / 4.63 GiB peaks at 1024 rows
-    # for 128256 / 151936 / 152064 logits (Llama, Qwen3, Qwen2.5 pairs); it is the peak whenever
-    # rows x vocab x 31.9 B exceeds the forward. V2 (v1/worker/gpu/sample) samples in place: [fit, bound
-    # only] the Qwen3-8B V2 record at 1024 rows stays at its forward peak, so V2 < 11 B; 4 B kept.
-    "sampler_bytes_per_logit_v1": 31.9,
+    # The attention phase of a layer: beside the QKV output, ~3.3 buffers of the query width (heads x head_dim
+    # per rank: attention output, rotary/norm copies of q). It is the forward's peak only where the MLP phase is
+    # smaller, i.e. in MoE layers whose routed experts work in the persistent workspace (dense MLPs hold 3 I,
+    # far more). [fit] 3.32 / 3.24 from the only records that expose it, Mixtral-8x7B and Qwen3-30B-A3B alone
+    # at 2048 tokens (V1 runner: 3.50 and 1.70 GiB peaks, 0.29 / 0.34 GiB above the MLP-phase forward); the
+    # other MoE records (pairs, 8192 tokens) are not fitted and check it. MLA attention is not checked.
+    "fwd_attn_q_copies": 3.28,
+    # Sampler dummy run, bytes per logit element of its R x vocab logits (R = min(max_num_batched_tokens,
+    # max_num_seqs)). V1 (v1/worker/gpu_model_runner.py _dummy_sampler_run) with speculative decoding: after
+    # the sampler it runs the rejection sampler on 2R fresh rows (torch.randn(num_tokens + num_reqs, vocab))
+    # while the sampler's output lives, and that stage is the peak: [fit] 31.9 B per R x vocab element:
+    # 3.91 / 4.60 / 4.63 / 7.61 GiB peaks at 1024 rows for 128256 / 151936 / 152064 / 256000 logits (Llama,
+    # Qwen3, Qwen2.5, Gemma-2 pairs). V1 without speculation stops at the sampler: the bf16 logits beside
+    # their float32 copy, the softmax probs and the exponential noise of random_sample (2 + 4 + 4 + 4 B; the
+    # triton top-k/top-p works in place): [sure] 14 B, not fitted. The one record that shows it, Qwen3-30B-A3B
+    # alone at 1024 rows, has 3.21 GiB = 1.00 of MoE workspace + 2.21 (15.3 B per logit); the pre-registered
+    # prediction (data/predictions/2026-12-02_moe_memory_8192__H200.json), with 31.9 B there, put it at 5.62 GiB
+    # and -3.95 % KV tokens. In vLLM 0.26 only MoE targets run V1 alone. V2 (v1/worker/gpu/sample) samples in
+    # place: [fit, bound only] the Qwen3-8B V2 record at 1024 rows stays at its forward peak, so V2 < 11 B; 4 B.
+    "sampler_bytes_per_logit_v1": 14.0,
+    "sampler_bytes_per_logit_v1_spec": 31.9,
     "sampler_bytes_per_logit_v2": 4.0,
     # Non-torch growth between the worker's init snapshot and the end of profiling (cuBLAS/cuBLASLt
     # workspaces, lazily loaded kernels). [fit] TP=1: 0.22 GiB target alone, +0.02 with a draft model
@@ -669,7 +684,9 @@ def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec)
             mlp = c["fwd_intermediate_copies"] * (shared // tp) + spec.hidden_size
         else:
             mlp = c["fwd_intermediate_copies"] * (spec.intermediate_size // tp)
-        return T * act_bytes * (c["fwd_hidden_copies"] * spec.hidden_size + mlp + c["fwd_qkv_copies"] * qkv)
+        attn = c["fwd_attn_q_copies"] * (spec.num_attention_heads // tp) * spec.head_dim
+        return T * act_bytes * (c["fwd_hidden_copies"] * spec.hidden_size + max(mlp, attn)
+                                + c["fwd_qkv_copies"] * qkv)
 
     # One WorkspaceManager per worker: target and an MoE draft share the buffer, which grows to the larger need.
     workspace = max(moe_workspace_bytes(target, tp, act_bytes, T),
@@ -677,11 +694,12 @@ def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec)
     target_fwd = fwd(target)
     # The drafter's dummy run follows the target's, with the target's hidden states still alive.
     draft_fwd = (T * target.hidden_size * act_bytes + fwd(draft)) if draft is not None else 0
-    per_logit = c["sampler_bytes_per_logit_v1" if runner == "v1" else "sampler_bytes_per_logit_v2"]
+    if runner == "v1":
+        per_logit = c["sampler_bytes_per_logit_v1_spec" if num_spec else "sampler_bytes_per_logit_v1"]
+    else:
+        per_logit = c["sampler_bytes_per_logit_v2"]
     vocab = padded_vocab(target.vocab_size)
     sampler = R * vocab * per_logit
-    # The rejection-sampler dummy run (spec decode) comes after the sampler's tensors are freed and
-    # holds fewer copies, so it does not raise the peak.
     return {"target_forward": target_fwd, "draft_forward": draft_fwd, "sampler": sampler,
             "moe_workspace": workspace, "total": workspace + max(target_fwd, draft_fwd, sampler)}
 

@@ -8,7 +8,8 @@ launch-script to the flags that version has. Static reading only (the wheel is n
 - engine/arg_utils.py: every `add_argument("--flag", ...)` (EngineArgs.add_cli_args);
 - the frontend dataclasses (entrypoints/openai/cli_args.py in 0.26, entrypoints/common/cli_args.py in 0.33):
   each field becomes `--field-name` (FrontendArgs.add_cli_args: f"--{key.replace('_', '-')}");
-- config/speculative.py: the fields of class SpeculativeConfig (the keys --speculative-config accepts).
+- config/speculative.py: the fields of class SpeculativeConfig (the keys --speculative-config accepts);
+- model_executor/layers/fused_moe/configs/: the names of the tuned fused-MoE kernel configs it ships.
 """
 
 from __future__ import annotations
@@ -45,8 +46,15 @@ def extract(src: Path) -> dict:
         flags |= {"--" + f.replace("_", "-") for f in _dataclass_fields(p, ("BaseFrontendArgs", "FrontendArgs"))}
         flags |= set(re.findall(r'add_argument\(\s*"(--[a-z0-9][a-z0-9-]*)"', p.read_text()))
     spec_keys = _dataclass_fields(src / "config" / "speculative.py", ("SpeculativeConfig",))
+    # The tuned fused-MoE Triton configs the release ships (fused_moe.py get_config_file_name:
+    # E=<experts>,N=<intermediate per rank>,device_name=<GPU>[,dtype=..][,block_shape=..].json); an MoE layer
+    # without one runs vLLM's default config ("Using default MoE config. Performance might be sub-optimal!").
+    moe_dir = src / "model_executor" / "layers" / "fused_moe" / "configs"
+    moe_configs = sorted(p.name[:-len(".json")] for p in moe_dir.glob("E=*.json"))
     return {"serve_flags": sorted(flags), "speculative_config_keys": sorted(set(spec_keys)),
-            "sources": ["engine/arg_utils.py", *[str(p.relative_to(src)) for p in frontends], "config/speculative.py"]}
+            "fused_moe_configs": moe_configs,
+            "sources": ["engine/arg_utils.py", *[str(p.relative_to(src)) for p in frontends], "config/speculative.py",
+                        "model_executor/layers/fused_moe/configs/"]}
 
 
 def main(argv: list[str]) -> int:

@@ -567,8 +567,12 @@ def test_learned_correction_flag_never_crashes_on_a_stale_or_broken_model(tmp_pa
 
     import sklearn
 
-    if _json.loads((MODEL_DIR / REPORT_PATH.name).read_text()).get("sklearn_version") == sklearn.__version__:
-        assert load_default() is not None  # the shipped model loads (retrained 2026-12-02: it beats the roofline)
+    report = _json.loads((MODEL_DIR / REPORT_PATH.name).read_text())
+    beats = report["cv"]["mape_corrected"] < report["cv"]["mape_prior"]
+    if report.get("sklearn_version") == sklearn.__version__:
+        # The shipped model loads where its cross-validation beats the roofline, and is refused where it does not
+        # (2026-12-02, tenth session: with the Qwen1.5-MoE restarts pooled, 17.1 % against the roofline's 16.8 %).
+        assert (load_default() is not None) == beats
     broken = tmp_path / "models"
     broken.mkdir()
     shutil.copy(MODEL_DIR / REPORT_PATH.name, broken / REPORT_PATH.name)

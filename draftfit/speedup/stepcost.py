@@ -39,6 +39,7 @@ from draftfit.paths import cache_dir, read_json, write_json_atomic
 from draftfit.catalog.specs import GpuSpec, resolve_gpu
 from draftfit.memory.plan import (attention_bytes_per_param, linear_bytes_per_param,
                                   weights_bytes_per_rank as weights_bytes_per_rank_plan)
+from draftfit.launch.flags import flag_list
 from draftfit.vllm_version import modelled_version
 
 # Fractions of the data-sheet numbers a decode step reaches. Bandwidth: a device-to-device copy on the lent
@@ -109,9 +110,45 @@ MOE_NOTE = ("MoE: a step reads the experts its tokens route to, E(1-(1-k/E)^T) o
             "routing, plus {us:.1f} us per added token per MoE layer (fitted on the Mixtral-8x7B and Qwen1.5-MoE-A2.7B "
             "H200 tables; held-out Qwen3-30B-A3B: docs/benchmarks.md 'Pre-registered'). Those tables were measured "
             "with dummy weights, whose routers spread tokens about uniformly (their plain steps at batch 32-128 match "
-            "uniform coverage within 8 %); a trained router that sends a batch's "
+            "uniform coverage within 9 %); a trained router that sends a batch's "
             "tokens to fewer experts makes the plain step at batch 8-32 cheaper than printed, and speculation's gain "
             "there smaller")
+# GPU catalog name -> the device name vLLM writes into its fused-MoE config file names
+# (current_platform.get_device_name() with spaces as underscores; every H200 variant reads NVIDIA_H200:
+# model_executor/layers/fused_moe/fused_moe.py get_config_file_name). As the shipped file names spell them.
+VLLM_DEVICE_NAMES = {"H200": "NVIDIA_H200", "H100-80GB": "NVIDIA_H100_80GB_HBM3", "H100-PCIe": "NVIDIA_H100_PCIe",
+                     "A100-80GB": "NVIDIA_A100-SXM4-80GB", "A100-40GB": "NVIDIA_A100-SXM4-40GB", "B200": "NVIDIA_B200",
+                     "L40S": "NVIDIA_L40S", "RTX-4090": "NVIDIA_GeForce_RTX_4090", "MI300X": "AMD_Instinct_MI300X",
+                     "L4": "NVIDIA_L4", "A10G": "NVIDIA_A10G"}
+UNTUNED_MOE_NOTE = (
+    "vLLM {version} ships no tuned fused-MoE kernel config {name} for {target} on {gpu} at TP={tp}: it runs its "
+    "default one (its log says 'Using default MoE config. Performance might be sub-optimal!'). The one such "
+    "target measured, Qwen1.5-MoE-A2.7B on the H200 (E=60,N=1408; its table: draftfit calibrate --show "
+    "Qwen1.5-MoE-A2.7B), took 87-126 ms for steps of batch 128 at K 4-6, whose tokens miss the CUDA graphs: 1.8-2.5x its "
+    "K=3 step, where the tuned Mixtral-8x7B's are 1.4-1.9x, and far above this model's 51-67 ms; the printed "
+    "speedups there are likely too high. A config tuned for the server (vLLM's benchmarks/kernels/"
+    "benchmark_moe.py --tune, then VLLM_TUNED_CONFIG_FOLDER) removes the doubt")
+
+
+def moe_kernel_config(spec, gpu, *, tp: int, vllm_version: str | None = None) -> tuple[str, bool] | None:
+    """(the fused-MoE config file name vLLM looks up for this MoE model's layers, whether `vllm_version` ships
+    it) or None where it does not apply: a dense model, a GPU whose vLLM device name draftfit does not know, or
+    quantized expert weights (vLLM picks among Triton, CUTLASS, DeepGEMM and Marlin kernels for those, so the
+    Triton config may not be what runs; only the unquantized Triton path was seen on the H200 logs)."""
+    if not getattr(spec, "is_moe", False):
+        return None
+    device = VLLM_DEVICE_NAMES.get(getattr(gpu, "name", str(gpu)))
+    quant = (getattr(spec, "quantization", "") or "none").lower()
+    if device is None or quant not in ("none", ""):
+        return None
+    n = (spec.moe_intermediate_size or spec.intermediate_size) // tp
+    name = f"E={spec.num_experts},N={n},device_name={device}"
+    shipped = flag_list(modelled_version(vllm_version)[0]).get("fused_moe_configs")
+    if shipped is None:
+        return None
+    return name, name in shipped
+
+
 # Targets kept out of every fit (overheads, learned correction, leave-one-out) even once their table is measured:
 # the held-out check of the MoE model, predicted before it ran (draftfit/data/predictions/, issue 16).
 HELD_OUT_TARGETS = ("Qwen3-30B-A3B",)
@@ -589,6 +626,10 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
                          f"0.26's scaled by the two versions' TP=1 ratio ({ov[HOST_TERMS[1]]:.2f} ms), not measured")
     if t.is_moe or d.is_moe:
         notes.append(MOE_NOTE.format(us=1000 * ov.get("moe_token_layer_ms", MOE_TOKEN_LAYER_MS)))
+    kernel = moe_kernel_config(t, g, tp=tp, vllm_version=vllm_version)
+    if kernel and not kernel[1]:
+        notes.append(UNTUNED_MOE_NOTE.format(version=modelled_version(vllm_version)[0], name=kernel[0],
+                                             target=t.name, gpu=g.name, tp=tp))
     host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len, overheads=ov)
     if host_note:
         notes.append(host_note)

@@ -299,3 +299,23 @@ def test_untuned_moe_config_is_said_in_the_step_cost_notes():
                             vllm_version="0.26.0")
     assert any("E=60,N=1408,device_name=NVIDIA_H200" in n and "default MoE config" in n for n in untuned.notes)
     assert not any("default MoE config" in n for n in tuned.notes)
+
+
+def test_rank_says_once_when_vllm_runs_the_default_moe_kernel():
+    import json
+
+    from click.testing import CliRunner
+
+    from draftfit.cli import cli
+
+    out = CliRunner().invoke(cli, ["rank", "--target", "Qwen1.5-MoE-A2.7B", "--gpu", "H200", "--vllm-version",
+                                   "0.26.0", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    hits = [n for n in doc["layout_notes"] if "default MoE config" in n]
+    assert len(hits) == 1 and "E=60,N=1408,device_name=NVIDIA_H200" in hits[0]
+    tuned = json.loads(CliRunner().invoke(cli, ["rank", "--target", "Mixtral-8x7B", "--gpu", "H200", "--json"]).output)
+    assert not any("default MoE config" in n for n in tuned["layout_notes"])
+    # The same expert shape is tuned for the MI300X (E=60,N=1408,device_name=AMD_Instinct_MI300X ships): no note.
+    assert not any("default MoE config" in n for n in json.loads(CliRunner().invoke(
+        cli, ["rank", "--target", "Qwen1.5-MoE-A2.7B", "--gpu", "MI300X", "--json"]).output).get("layout_notes", []))

@@ -19,7 +19,7 @@ from draftfit.catalog.specs import GpuSpec, ModelSpec, resolve_gpu, resolve_mode
 from draftfit.errors import DraftfitError
 from draftfit.memory.plan import plan_memory
 from draftfit.rules import K_MAX, TP_CHOICES, WORKLOADS
-from draftfit.speedup.stepcost import UNTUNED_MOE_NOTE, moe_kernel_config
+from draftfit.speedup.stepcost import untuned_moe_note
 from draftfit.vllm_version import MODELLED, parse_version, resolve_vllm_version
 
 DEFAULT_GPU = "H100-80GB"
@@ -369,12 +369,11 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
         notes += chosen
     else:
         tp_v, context, seqs = tp or 1, max_model_len or spec.max_position_embeddings or 4096, max_num_seqs
-    if gpu_spec is not None and spec.is_moe and quant in (None, "", "none"):
+    if gpu_spec is not None and quant in (None, "", "none"):
         # A target-level fact about every speculative step (and the plain one): said once, not per draft.
-        kernel = moe_kernel_config(spec, gpu_spec, tp=tp_v, vllm_version=modelled)
-        if kernel and not kernel[1]:
-            notes.append(UNTUNED_MOE_NOTE.format(version=modelled, name=kernel[0], target=spec.name,
-                                                 gpu=gpu_spec.name, tp=tp_v))
+        untuned = untuned_moe_note(spec, gpu_spec, tp=tp_v, vllm_version=modelled)
+        if untuned:
+            notes.append(untuned)
     if version is None or version_note.startswith(f"vLLM {version} is not modelled"):
         notes.append(version_note)  # which vLLM the numbers are for, and why (installed / newest / nearest)
     return Layout(target=spec, gpu=gpu_spec, tp=tp_v, util=util_v, max_model_len=context, batches=bs, workload=wl,

@@ -454,9 +454,9 @@ def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "n
     mlp += 3 * h * (shared // tp)
     router = h * experts + (h if shared and "qwen2" in (spec.family or spec.architecture).lower() else 0)
     # The layers an MoE config keeps dense (catalog.specs.dense_mlp_layers_of) hold one intermediate_size MLP and
-    # no router instead.
-    dense_layers = min(_spec_get(spec, "dense_mlp_layers", 0) or 0, L) if experts else 0
-    moe_layers = L - dense_layers if experts else 0
+    # no router instead: all but ModelSpec.moe_layers.
+    moe_layers = _spec_get(spec, "moe_layers", L) if experts else 0
+    dense_layers = L - moe_layers if experts else 0
     mlp_params = (moe_layers * mlp + dense_layers * 3 * h * (spec.intermediate_size // tp)) if experts else L * mlp
     router_params = moe_layers * router if experts else 0
     qkv_bias = L * (q_rank + 2 * kv_rank) if "qwen2" in (spec.family or spec.architecture).lower() else 0

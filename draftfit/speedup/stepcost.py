@@ -138,8 +138,7 @@ def moe_kernel_config(spec, gpu, *, tp: int, vllm_version: str | None = None) ->
     if not getattr(spec, "is_moe", False):
         return None
     device = VLLM_DEVICE_NAMES.get(getattr(gpu, "name", str(gpu)))
-    quant = (getattr(spec, "quantization", "") or "none").lower()
-    if device is None or quant not in ("none", ""):
+    if device is None or getattr(spec, "quantization", ""):
         return None
     n = (spec.moe_intermediate_size or spec.intermediate_size) // tp
     name = f"E={spec.num_experts},N={n},device_name={device}"
@@ -147,6 +146,16 @@ def moe_kernel_config(spec, gpu, *, tp: int, vllm_version: str | None = None) ->
     if shipped is None:
         return None
     return name, name in shipped
+
+
+def untuned_moe_note(spec, gpu, *, tp: int, vllm_version: str | None = None) -> str | None:
+    """UNTUNED_MOE_NOTE for an MoE model whose fused-MoE config `vllm_version` does not ship, else None: the one
+    statement of it, said by the layout (rank, memory, preflight) and by step_cost_model (speedup)."""
+    kernel = moe_kernel_config(spec, gpu, tp=tp, vllm_version=vllm_version)
+    if not kernel or kernel[1]:
+        return None
+    return UNTUNED_MOE_NOTE.format(version=modelled_version(vllm_version)[0], name=kernel[0], target=spec.name,
+                                   gpu=getattr(gpu, "name", str(gpu)), tp=tp)
 
 
 # Targets kept out of every fit (overheads, learned correction, leave-one-out) even once their table is measured:
@@ -626,10 +635,9 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
                          f"0.26's scaled by the two versions' TP=1 ratio ({ov[HOST_TERMS[1]]:.2f} ms), not measured")
     if t.is_moe or d.is_moe:
         notes.append(MOE_NOTE.format(us=1000 * ov.get("moe_token_layer_ms", MOE_TOKEN_LAYER_MS)))
-    kernel = moe_kernel_config(t, g, tp=tp, vllm_version=vllm_version)
-    if kernel and not kernel[1]:
-        notes.append(UNTUNED_MOE_NOTE.format(version=modelled_version(vllm_version)[0], name=kernel[0],
-                                             target=t.name, gpu=g.name, tp=tp))
+    untuned = untuned_moe_note(t, g, tp=tp, vllm_version=vllm_version)
+    if untuned:
+        notes.append(untuned)
     host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len, overheads=ov)
     if host_note:
         notes.append(host_note)

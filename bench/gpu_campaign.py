@@ -88,6 +88,12 @@ def engine(target: str, draft: str | None, k: int, tp: int = 1, *, memory_only=F
     return spec
 
 
+def mtp_engine(target: str, k: int, **over) -> dict:
+    """A memory-only engine of `target` drafting with its own MTP layers (speculative method mtp, no draft folder)."""
+    e = engine(target, None, 0, memory_only=True, **over)
+    return dict(e, id=e["id"].replace("-base-", f"-mtp-k{k}-"), k=k, method="mtp", draft=f"{target}-MTP")
+
+
 def pair_lane(target: str, draft: str, ks, tp=1, **over) -> list[dict]:
     return [engine(target, None, 0, tp, **over)] + [engine(target, draft, k, tp, **over) for k in ks]
 
@@ -130,6 +136,7 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
     ks = [4, 2, 8, 1, 3, 6]  # priority order: the likely best K first, the extremes next
     big = dict(max_tokens=64, repeats=2)
     mx, m7, qm, q05, q30 = "Mixtral-8x7B", "Mistral-7B-v0.1", "Qwen1.5-MoE-A2.7B", "Qwen1.5-0.5B", "Qwen3-30B-A3B"
+    qn = "Qwen3-Next-80B-A3B-24L"
     moe_ks = [2, 4, 1, 3, 6, 5]  # the issue's measured K first, then the rest of 1-6
     g9, g2, g312 = "Gemma-2-9b", "Gemma-2-2b", "Gemma-3-12b-text"
     return {
@@ -184,6 +191,12 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         "M2R3": [("gpu0", "0", 120, _restarts(qm, q05, (6, 3, 2, 5), suffix="-r3", repeats=5, max_model_len=8192))],
         # Memory only, for the KV-token check against vLLM's log (never used to fit constants): the MoE targets
         # alone and with their drafts at a longer context than the timing phases' 2048.
+        # Qwen3-Next-80B-A3B's shapes (alibaba/InferSim hf_configs, commit 1201bedf) with 24 of its 48 layers (18
+        # gated-DeltaNet + 6 full attention, the 3:1 pattern kept): the whole model is 149 GiB of bf16 weights.
+        "HN": [("gpu0", "0", 150, [engine(qn, None, 0, memory_only=True, util=0.85, max_model_len=8192),
+                                   mtp_engine(qn, 2, util=0.85, max_model_len=8192),
+                                   engine(qn, None, 0, memory_only=True, util=0.85, max_model_len=32768),
+                                   mtp_engine(qn, 4, util=0.85, max_model_len=8192)])],
         "MC": [("gpu0", "0", 240, [engine(mx, None, 0, memory_only=True, util=0.9, max_model_len=8192),
                                    engine(mx, m7, 4, memory_only=True, util=0.9, max_model_len=8192),
                                    engine(qm, None, 0, memory_only=True, util=0.85, max_model_len=8192),

@@ -90,7 +90,10 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
         "case": _case_name(spec, ran_seqs, kwargs), "backend": "gpu",
         "target": spec["target"], "target_config": json.loads((CONFIGS / spec["target"] / "config.json").read_text()),
         "draft": draft,
-        "draft_config": json.loads((CONFIGS / draft / "config.json").read_text()) if draft else None,
+        # Method mtp drafts with the target's own layers: no draft folder, the drafter is built from the target.
+        "draft_config": (json.loads((CONFIGS / draft / "config.json").read_text())
+                         if draft and spec.get("method") != "mtp" else None),
+        "speculative_method": spec.get("method", "draft_model") if draft else None,
         "num_speculative_tokens": int(spec.get("k") or 0) if draft else 0,
         "gpu": "H200", "gpu_total_gib": parsed.get("total_gib"), "tp": int(spec.get("tp", 1)),
         "util": float(spec["util"]), "max_model_len": int(spec["max_model_len"]),

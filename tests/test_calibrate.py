@@ -166,7 +166,9 @@ def test_campaign_plan_is_within_device_limits():
             for c in configs:
                 assert os.path.exists(os.path.join(c["target_dir"], "config.json"))
                 assert c["tp"] == len(visible.split(","))
-                if c["k"]:
+                if c["k"] and c.get("method") == "mtp":  # the target's own MTP layers: no draft folder
+                    assert c["draft_dir"] is None and c["draft"] == f"{c['target']}-MTP"
+                elif c["k"]:
                     assert os.path.exists(os.path.join(c["draft_dir"], "config.json"))
 
 

@@ -79,6 +79,23 @@ class ModelSpec:
     # optionally repeated, e.g. "SF*21" (Gemma-2-9b), "SSSSSF*8" (Gemma-3-12b), "F*20 S*8"; "" = all full.
     # Expanded by layer_kinds(), which mirrors how vLLM 0.26 gives each layer its window (see there).
     layer_types: str = ""
+    # Gated-DeltaNet linear attention (Qwen3-Next, Qwen3.5; layer kind "L" in layer_types): such a layer keeps a
+    # fixed recurrent state per sequence (a causal-conv window and a value x key matrix per value head) instead of
+    # KV per token (vLLM: MambaSpec, model_executor/layers/mamba/mamba_utils.py gated_delta_net_state_shape).
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    # The recurrent (temporal) state's dtype when the config names one (Qwen3.5's mamba_ssm_dtype float32; vLLM
+    # 0.26 applies it, models/config.py Qwen3_5ForConditionalGenerationConfig); "" = the model dtype.
+    linear_state_dtype: str = ""
+    # Gated attention (Qwen3-Next/3.5 attn_output_gate): q_proj also emits a sigmoid gate, doubling its width.
+    attn_output_gate: bool = False
+    # Share of head_dim that RoPE rotates (partial_rotary_factor; Qwen3-Next 0.25): sizes the cos/sin cache.
+    partial_rotary_factor: float = 0.0
+    # Parameters vLLM loads beside the text model (a vision tower, Qwen3.5's), in billions; 0 for text models.
+    vision_params_b: float = 0.0
     local_path: str = ""  # set when resolved from a folder on disk
 
     @property
@@ -89,6 +106,16 @@ class ModelSpec:
     def moe_layers(self) -> int:
         """Layers whose MLP routes to experts (all but dense_mlp_layers; 0 for a dense model)."""
         return max(self.num_layers - self.dense_mlp_layers, 0) if self.is_moe else 0
+
+    @property
+    def linear_attention_layers(self) -> int:
+        """Layers of gated-DeltaNet linear attention (state per sequence, no KV per token)."""
+        return sum(1 for k in layer_kinds(self) if k == LINEAR) if LINEAR in self.layer_types else 0
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that keep KV per token (full or sliding attention): all but the linear-attention ones."""
+        return self.num_layers - self.linear_attention_layers
 
     @property
     def is_eagle(self) -> bool:
@@ -248,7 +275,8 @@ def _fetch_from_hub(hub_id: str) -> Path | None:
 _POSITIVE_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                         "intermediate_size", "vocab_size", "max_position_embeddings", "num_experts",
                         "num_local_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok",
-                        "sliding_window")
+                        "sliding_window", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                        "linear_value_head_dim", "linear_conv_kernel_dim", "mtp_num_hidden_layers")
 # MoE layer-placement fields, non-negative integers when present (dense_mlp_layers_of reads them).
 _MOE_PLACEMENT_FIELDS = ("first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step")
 _REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -316,8 +344,8 @@ def validate_config(config, where: str) -> dict:
     return config
 
 
-FULL, SLIDING = "F", "S"
-_LAYER_TOKEN = re.compile(r"^([FS]+)(?:\*(\d+))?$")
+FULL, SLIDING, LINEAR = "F", "S", "L"
+_LAYER_TOKEN = re.compile(r"^([FSL]+)(?:\*(\d+))?$")
 
 
 def expand_layer_types(pattern: str) -> tuple[str, ...]:
@@ -326,8 +354,8 @@ def expand_layer_types(pattern: str) -> tuple[str, ...]:
     for tok in (pattern or "").split():
         m = _LAYER_TOKEN.match(tok)
         if not m:
-            raise DraftfitError(f"layer_types token {tok!r} is not F/S letters with an optional *N",
-                                fix='write e.g. "SF*21" or "SSSSSF*8 SS"')
+            raise DraftfitError(f"layer_types token {tok!r} is not F/S/L letters with an optional *N",
+                                fix='write e.g. "SF*21", "SSSSSF*8 SS" or "LLLF*12"')
         out += list(m.group(1)) * int(m.group(2) or 1)
     return tuple(out)
 
@@ -348,13 +376,22 @@ def compact_layer_types(kinds) -> str:
 
 
 def layer_kinds(spec) -> tuple[str, ...]:
-    """F/S per layer. Sliding layers need spec.sliding_window; "" means every layer is full attention."""
-    if not spec.layer_types or not spec.sliding_window:
+    """F/S/L per layer. Sliding layers need spec.sliding_window (without one they are full attention); linear
+    (gated-DeltaNet) layers need the linear_* shapes; "" means every layer is full attention."""
+    if not spec.layer_types or not (spec.sliding_window or LINEAR in spec.layer_types):
         return (FULL,) * spec.num_layers
     kinds = expand_layer_types(spec.layer_types)
     if len(kinds) != spec.num_layers:
         raise DraftfitError(f"{spec.name}: layer_types {spec.layer_types!r} names {len(kinds)} layers, the model "
                             f"has {spec.num_layers}", fix="fix layer_types in draftfit/catalogs/models.yaml")
+    if LINEAR in kinds and not (spec.linear_num_value_heads and spec.linear_num_key_heads
+                                and spec.linear_key_head_dim and spec.linear_value_head_dim
+                                and spec.linear_conv_kernel_dim):
+        raise DraftfitError(f"{spec.name}: linear-attention layers without their shapes",
+                            fix="set linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, "
+                                "linear_value_head_dim and linear_conv_kernel_dim (config.json's linear_* fields)")
+    if not spec.sliding_window:
+        kinds = tuple(FULL if k == SLIDING else k for k in kinds)
     return kinds
 
 
@@ -373,6 +410,9 @@ def layer_types_from_config(config: dict, cfg: dict, layers: int) -> tuple[int, 
       from `max_window_layers` on;
     - otherwise a window applies to every layer (layers/attention/attention.py falls back to
       cache_config.sliding_window), e.g. Mistral-7B-v0.1."""
+    linear = _linear_kinds(cfg, layers)
+    if linear:
+        return 0, compact_layer_types(linear)
     window = cfg.get("sliding_window") or 0
     if cfg.get("use_sliding_window") is False or not isinstance(window, int) or isinstance(window, bool):
         return 0, ""
@@ -397,6 +437,19 @@ def layer_types_from_config(config: dict, cfg: dict, layers: int) -> tuple[int, 
         kinds = [SLIDING] * layers
     pattern = compact_layer_types(kinds)
     return (window if pattern else 0), pattern
+
+
+def _linear_kinds(cfg: dict, layers: int) -> list:
+    """F/L per layer of a gated-DeltaNet hybrid (a config with linear_num_value_heads: Qwen3-Next, Qwen3.5), [] for
+    any other config. `layer_types` ("linear_attention" / "full_attention") when given; else vLLM 0.26's
+    Qwen3NextConfig default (transformers_utils/configs/qwen3_next.py): layer i is linear unless (i + 1) % 4 == 0,
+    a literal 4 there, whatever full_attention_interval says."""
+    if not cfg.get("linear_num_value_heads") or layers <= 0:
+        return []
+    given = cfg.get("layer_types")
+    if isinstance(given, list) and len(given) == layers:
+        return [LINEAR if t == "linear_attention" else FULL for t in given]
+    return [LINEAR if (i + 1) % 4 else FULL for i in range(layers)]
 
 
 # quantization_config.quant_method values vLLM loads -> the weight format memory.plan.QUANT_BYTES_PER_PARAM sizes.
@@ -501,15 +554,28 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
     moe_inter = (cfg.get("moe_intermediate_size") or inter) if experts else 0
     shared_inter = _shared_expert_intermediate_size(cfg, moe_inter) if experts else 0
     dense_layers = dense_mlp_layers_of(cfg, layers, experts)
-    # Parameter count from the shapes: attention, MLP (or experts), norms, embeddings.
-    attn = hidden * (heads * head_dim) * 2 + hidden * (kv_heads * head_dim) * 2
-    mlp = 3 * hidden * (moe_inter or inter) * (experts or 1) + (hidden * experts if experts else 0) \
-        + 3 * hidden * shared_inter
-    params = layers * (attn + 2 * hidden) + (layers - dense_layers) * mlp + dense_layers * 3 * hidden * inter \
-        + vocab * hidden * (1 if tie else 2) + hidden
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
     archs = config.get("architectures") or ["unknown"]
     window, layer_pattern = layer_types_from_config(config, cfg, layers)
+    linear_layers = expand_layer_types(layer_pattern).count(LINEAR) if LINEAR in layer_pattern else 0
+    lin = {k: _pos_int(cfg.get(k)) for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                             "linear_value_head_dim", "linear_conv_kernel_dim")}
+    # vLLM's Qwen3NextAttention: getattr(config, "attn_output_gate", True); other architectures have no gate.
+    gate = cfg.get("attn_output_gate", True if linear_layers else False) is True
+    # Parameter count from the shapes: attention (q_proj twice as wide with an output gate), gated-DeltaNet layers
+    # (linear_layer_params), MLP (or experts), norms, embeddings.
+    attn = hidden * (heads * head_dim) * (3 if gate else 2) + hidden * (kv_heads * head_dim) * 2
+    mlp = 3 * hidden * (moe_inter or inter) * (experts or 1) + (hidden * experts if experts else 0) \
+        + 3 * hidden * shared_inter
+    params = (layers - linear_layers) * attn + linear_layers * linear_layer_params(hidden, **lin) \
+        + layers * 2 * hidden + (layers - dense_layers) * mlp + dense_layers * 3 * hidden * inter \
+        + vocab * hidden * (1 if tie else 2) + hidden
+    vision = _vision_params(config.get("vision_config")) if config.get("text_config") else 0
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
+                or "bfloat16")
+    mtp_layers = _pos_int(cfg.get("num_nextn_predict_layers")) or _pos_int(cfg.get("mtp_num_hidden_layers"))
+    if not mtp_layers and str(cfg.get("model_type") or config.get("model_type")) == "qwen3_next":
+        mtp_layers = 1  # vLLM's qwen3_next_mtp.py: getattr(config, "num_nextn_predict_layers", 1)
+    ssm_dtype = cfg.get("mamba_ssm_dtype")
     return ModelSpec(
         name=name, hub_id=hub_id, architecture=archs[0], hidden_size=hidden, num_layers=layers,
         num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inter,
@@ -524,7 +590,9 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
         quantization=quantization_of(config, f"{local_path or hub_id or name}/config.json"),
         unquantized_attention=attention_left_unquantized(config),
         draft_vocab_size=_pos_int(cfg.get("draft_vocab_size")), target_hidden_size=_pos_int(cfg.get("target_hidden_size")),
-        num_nextn_predict_layers=_pos_int(cfg.get("num_nextn_predict_layers")),
+        num_nextn_predict_layers=mtp_layers, **lin, attn_output_gate=gate,
+        linear_state_dtype=ssm_dtype if isinstance(ssm_dtype, str) and linear_layers else "",
+        partial_rotary_factor=_partial_rotary(cfg), vision_params_b=round(vision / 1e9, 3),
         kv_lora_rank=_pos_int(cfg.get("kv_lora_rank")), qk_rope_head_dim=_pos_int(cfg.get("qk_rope_head_dim")),
         method="eagle3" if "eagle3" in archs[0].lower() else "draft_model",
         draft_for=(verifier,) if verifier else (),
@@ -563,6 +631,43 @@ def _flatten_speculators(config):
         except DraftfitError:
             target = ""
     return flat, target
+
+
+def linear_layer_params(hidden: int, *, linear_num_key_heads: int, linear_num_value_heads: int,
+                        linear_key_head_dim: int, linear_value_head_dim: int, linear_conv_kernel_dim: int) -> int:
+    """Parameters of one gated-DeltaNet layer as vLLM builds it (layers/mamba/gdn/qwen_gdn_linear_attn.py):
+    in_proj_qkvz (hidden -> 2 key_dim + 2 value_dim), in_proj_ba (hidden -> 2 value heads), the depthwise conv1d over
+    q, k, v (conv_kernel per channel), dt_bias and A_log per value head, the gated norm (one head's width) and
+    out_proj (value_dim -> hidden)."""
+    key_dim = linear_num_key_heads * linear_key_head_dim
+    value_dim = linear_num_value_heads * linear_value_head_dim
+    conv_dim = 2 * key_dim + value_dim
+    return (hidden * (2 * key_dim + 2 * value_dim) + hidden * 2 * linear_num_value_heads
+            + conv_dim * linear_conv_kernel_dim + 2 * linear_num_value_heads + linear_value_head_dim
+            + value_dim * hidden)
+
+
+def _vision_params(vc) -> int:
+    """A Qwen3-VL-style vision tower's parameters from vision_config (Qwen3.5: depth blocks of attention + MLP,
+    a patch embedding and the merger to the text width); 0 when there is none or its shapes are missing."""
+    if not isinstance(vc, dict):
+        return 0
+    d, h, inter = _pos_int(vc.get("depth")), _pos_int(vc.get("hidden_size")), _pos_int(vc.get("intermediate_size"))
+    if not (d and h and inter):
+        return 0
+    patch = 3 * (_pos_int(vc.get("temporal_patch_size")) or 2) * (_pos_int(vc.get("patch_size")) or 16) ** 2 * h
+    merge = (_pos_int(vc.get("spatial_merge_size")) or 2) ** 2 * h
+    out = _pos_int(vc.get("out_hidden_size")) or h
+    block = 4 * h * h + 2 * h * inter + 9 * h + 2 * inter  # qkv + proj, fc1 + fc2, their biases and two norms
+    pos = (_pos_int(vc.get("num_position_embeddings")) or 0) * h
+    return d * block + patch + pos + merge * merge + merge * out
+
+
+def _partial_rotary(cfg: dict) -> float:
+    """partial_rotary_factor at the top level or in rope_parameters (transformers 5.x), 0 when absent."""
+    rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    v = cfg.get("partial_rotary_factor", rp.get("partial_rotary_factor"))
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1 else 0.0
 
 
 def _pos_float(v) -> float:
@@ -682,11 +787,16 @@ def mtp_drafter(target: ModelSpec) -> ModelSpec | None:
     else:
         q, kv = target.num_attention_heads * target.head_dim, target.num_kv_heads * target.head_dim
         inter = target.moe_intermediate_size or target.intermediate_size
-        layer = 2 * h * (q + kv) + 3 * h * inter * (target.num_experts or 1)
+        # A gated-attention q_proj (Qwen3-Next/3.5) is twice q wide; the MoE MLP has its shared expert and router.
+        layer = h * (q * (3 if target.attn_output_gate else 2) + 2 * kv) + 3 * h * inter * (target.num_experts or 1) \
+            + (3 * h * target.shared_expert_intermediate_size + h * target.num_experts if target.num_experts else 0)
     return dataclasses.replace(
         target, name=f"{target.name}-MTP", aliases=(), method="mtp", draft_for=(target.name,), num_layers=n,
         params_b=round(n * (layer + 2 * h * h) / 1e9, 3), family="mtp", num_nextn_predict_layers=0,
         dense_mlp_layers=0,  # an MTP layer routes like the target's MoE layers (DeepSeek-V3's, GLM-4.5's)
+        # Qwen3-Next/3.5 MTP layers are full-attention decoder layers (qwen3_next_mtp.py, qwen3_5_mtp.py), whatever
+        # the target's layer pattern; no vision tower.
+        layer_types="", vision_params_b=0.0,
         source=f"{target.source}#num_nextn_predict_layers={n} (the target's own MTP layers)")
 
 

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 
 from draftfit.errors import DraftfitError
 from draftfit.assets.models import is_ready, model_dir
-from draftfit.catalog.specs import GpuSpec, layer_kinds, resolve_gpu, resolve_model, spec_from_config
+from draftfit.catalog.specs import (GpuSpec, layer_kinds, linear_layer_params, mtp_drafter, resolve_gpu,
+                                    resolve_model, spec_from_config)
 from draftfit.errors import require
 from draftfit.locks import heavy_lock
 from draftfit.paths import DATA_DIR
@@ -181,6 +182,9 @@ class GpuAccounting:
     draft_len_lowers_target: bool  # a draft_model's shorter max_model_len lowers the target's (else: refused)
     # MoE architectures that take the V2 runner anyway (0.26: config/vllm.py DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES).
     moe_v2_architectures: frozenset = frozenset()
+    # Model runner of a hybrid (linear-attention) target: 0.26's _is_default_v2_model_runner_model returns False
+    # for is_hybrid; 0.33's V2 lists no hybrid exclusion (only dual batch overlap).
+    hybrid_runner: str = "v1"
 
 
 GPU_VERSION_RULES = {
@@ -226,6 +230,7 @@ GPU_VERSION_RULES = {
         # config/vllm.py _limit_max_model_len_to_draft: "reducing max_model_len to <draft's>" (a warning); the
         # draft's own is min(draft, target) (config/speculative.py _maybe_override_draft_max_model_len).
         draft_len_lowers_target=True,
+        hybrid_runner="v2",
     ),
 }
 
@@ -283,15 +288,32 @@ def kv_bytes_per_token(spec, tp: int, kv_dtype_bytes: int) -> int:
         # MLA (vLLM MLAAttentionSpec): one latent of kv_lora_rank + qk_rope_head_dim per token and layer, no
         # separate V, replicated on every TP rank.
         return spec.num_layers * (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_dtype_bytes
-    return spec.num_layers * 2 * kv_heads_per_rank(spec, tp) * spec.head_dim * kv_dtype_bytes
+    # Linear-attention (gated-DeltaNet) layers keep a state per sequence, not KV per token (linear_state_bytes).
+    layers = _spec_get(spec, "attention_layers", spec.num_layers)
+    return layers * 2 * kv_heads_per_rank(spec, tp) * spec.head_dim * kv_dtype_bytes
+
+
+def linear_state_bytes(spec, tp: int, act_bytes: int, num_speculative_tokens: int = 0) -> int:
+    """One gated-DeltaNet layer's recurrent state for one sequence on one TP rank, as vLLM 0.26 sizes it
+    (MambaSpec.page_size_bytes before padding): the causal-conv window, (conv_kernel - 1 + K) rows of the q/k/v
+    channels (mamba_utils.py gated_delta_net_state_shape: K = num_speculative_tokens with any drafter), in the
+    model dtype (mamba_cache_dtype auto), and the temporal state, value heads x value dim x key dim, in
+    mamba_ssm_cache_dtype (auto = the model dtype; Qwen3.5 configs name float32)."""
+    nk, nv = _spec_get(spec, "linear_num_key_heads", 0), _spec_get(spec, "linear_num_value_heads", 0)
+    dk, dv = _spec_get(spec, "linear_key_head_dim", 0), _spec_get(spec, "linear_value_head_dim", 0)
+    conv_dim = (2 * nk * dk + nv * dv) // tp
+    conv = (_spec_get(spec, "linear_conv_kernel_dim", 0) - 1 + num_speculative_tokens) * conv_dim * act_bytes
+    state_dtype = _spec_get(spec, "linear_state_dtype", "") or ""
+    ssm_bytes = DTYPE_BYTES.get(state_dtype, act_bytes) if state_dtype else act_bytes
+    return conv + (nv // tp) * dv * dk * ssm_bytes
 
 
 # ----------------------------------------------------------------------------------------------- KV-cache groups
 
 @dataclass(frozen=True)
 class KvGroup:
-    kind: str  # "full" | "sliding"
-    window: int  # sliding window in tokens (0 for full attention)
+    kind: str  # "full" | "sliding" | "mamba" (gated-DeltaNet state, one block per sequence)
+    window: int  # sliding window in tokens (0 for full attention); for "mamba", the speculative blocks (K)
     block_size: int  # tokens per block after vLLM unified the page sizes
     layers: int  # real layers in the group (the rest of group_size is padding)
     draft_layers: int  # how many of them are the drafter's
@@ -302,6 +324,10 @@ class KvGroup:
         # max_model_len), block) + 1 (the window need not start at a block boundary).
         if self.kind == "sliding":
             return cdiv(min(self.window - 1 + max_in_flight_tokens, max_model_len), self.block_size) + 1
+        if self.kind == "mamba":
+            # MambaSpec.max_memory_usage_bytes, mamba_cache_mode "none" (vLLM 0.26's default for hybrid models,
+            # whose prefix caching is off by default: engine/arg_utils.py): 1 + num_speculative_blocks pages.
+            return 1 + self.window
         return cdiv(max_model_len, self.block_size)
 
 
@@ -345,31 +371,41 @@ class KvGroups:
             g = self.groups[0]
             return (f"one KV-cache group ({g.layers} layers, " +
                     (f"sliding window {g.window})" if g.kind == "sliding" else "full attention)"))
-        parts = [f"{g.layers} {'sliding ' + str(g.window) if g.kind == 'sliding' else 'full'}"
+        parts = [f"{g.layers} {'sliding ' + str(g.window) if g.kind == 'sliding' else 'linear-attention state' if g.kind == 'mamba' else 'full'}"
                  + (f" (draft {g.draft_layers})" if g.draft_layers else "") for g in self.groups]
         return f"{len(self.groups)} KV-cache groups of {self.group_size} layers: " + ", ".join(parts)
 
 
-def _layer_specs(spec, tp: int, kv_dtype_bytes: int, role: str) -> list:
-    """(role, kind, window, bytes per token, spec shape) per attention layer, as vLLM gives each layer its KV spec
+def _layer_specs(spec, tp: int, kv_dtype_bytes: int, role: str, act_bytes: int = 2, num_spec: int = 0) -> list:
+    """(role, kind, window, bytes, spec shape) per layer, as vLLM gives each layer its KV spec
     (model_executor/layers/attention/attention.py get_kv_cache_spec: SlidingWindowSpec when the layer has a
-    window); layers of equal spec (kind, window, KV heads, head size, block size) share groups."""
-    per_layer = kv_bytes_per_token(spec, tp, kv_dtype_bytes) // max(1, spec.num_layers)
+    window; layers/mamba/abstract.py: MambaSpec for a gated-DeltaNet layer, whose bytes are one sequence's state
+    and whose window slot holds its num_speculative_blocks, K); layers of equal spec share groups. Attention
+    layers' bytes are per token."""
+    attn_layers = _spec_get(spec, "attention_layers", spec.num_layers)
+    per_layer = kv_bytes_per_token(spec, tp, kv_dtype_bytes) // max(1, attn_layers)
     shape = (kv_heads_per_rank(spec, tp), spec.head_dim, _spec_get(spec, "kv_lora_rank", 0))
     window = _spec_get(spec, "sliding_window", 0) or 0
     kinds = layer_kinds(spec) if getattr(spec, "layer_types", "") else ("F",) * spec.num_layers
-    return [(role, "sliding" if k == "S" and window else "full", window if k == "S" else 0, per_layer, shape)
+    state = linear_state_bytes(spec, tp, act_bytes, num_spec) if "L" in kinds else 0
+    return [(role, "mamba", num_spec, state, ("mamba", state)) if k == "L" else
+            (role, "sliding" if k == "S" and window else "full", window if k == "S" else 0, per_layer, shape)
             for k in kinds]
 
 
 def kv_cache_groups(target, draft=None, *, tp: int = 1, kv_dtype_bytes: int = 2, block_size: int = GPU_BLOCK_SIZE,
-                    disable_hybrid_kv_cache_manager: bool = False) -> KvGroups:
+                    disable_hybrid_kv_cache_manager: bool = False, act_bytes: int = 2,
+                    num_speculative_tokens: int = 0) -> KvGroups:
     """The KV-cache groups vLLM 0.26 forms for these layers (v1/core/kv_cache_utils.py). With
     --disable-hybrid-kv-cache-manager, unify_hybrid_kv_cache_specs turns every sliding layer into a full-attention
-    spec (KV kept for every token) when full layers are present, so all layers share one group."""
-    layers = _layer_specs(target, tp, kv_dtype_bytes, "target")
+    spec (KV kept for every token) when full layers are present, so all layers share one group. Gated-DeltaNet
+    layers (linear attention) make mamba groups; see _mamba_aligned_groups."""
+    spec_k = num_speculative_tokens if draft is not None else 0
+    layers = _layer_specs(target, tp, kv_dtype_bytes, "target", act_bytes, spec_k)
     if draft is not None:
-        layers += _layer_specs(draft, tp, kv_dtype_bytes, "draft")
+        layers += _layer_specs(draft, tp, kv_dtype_bytes, "draft", act_bytes, spec_k)
+    if any(k == "mamba" for _, k, *_ in layers):
+        return _mamba_aligned_groups(layers, block_size)
     if disable_hybrid_kv_cache_manager and any(k == "full" for _, k, *_ in layers):
         layers = [(r, "full", 0, b, shape) for r, _, _, b, shape in layers]
     n_draft = sum(1 for r, *_ in layers if r == "draft")
@@ -392,8 +428,14 @@ def kv_cache_groups(target, draft=None, *, tp: int = 1, kv_dtype_bytes: int = 2,
     for role, kind, window, b, shape in layers:
         bs = block_size * (top // page[b]) if not top % page[b] else block_size
         buckets.setdefault((kind, window, shape, bs), []).append(role)
-    # _get_kv_cache_groups_uniform_page_size: group_size = the fewest layers of one spec, or the most when they
-    # are within 1.5x; each spec's layers split into cdiv(n, group_size) groups, layers[i::n_groups].
+    group_size, groups = _group_layers(buckets)
+    return KvGroups(groups=tuple(groups), group_size=group_size, page_bytes=top, hybrid=True, error=error)
+
+
+def _group_layers(buckets: dict) -> tuple[int, list]:
+    """_get_kv_cache_groups_uniform_page_size: group_size = the fewest layers of one spec, or the most when they
+    are within 1.5x; each spec's layers split into cdiv(n, group_size) groups, layers[i::n_groups].
+    `buckets`: (kind, window, shape, block_size) -> the roles of its layers, in layer order."""
     sizes = [len(v) for v in buckets.values()]
     group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
     groups = []
@@ -402,7 +444,33 @@ def kv_cache_groups(target, draft=None, *, tp: int = 1, kv_dtype_bytes: int = 2,
         for i in range(n):
             members = roles[i::n]
             groups.append(KvGroup(kind, window, bs, len(members), sum(1 for r in members if r == "draft")))
-    return KvGroups(groups=tuple(groups), group_size=group_size, page_bytes=top, hybrid=True, error=error)
+    return group_size, groups
+
+
+def _mamba_aligned_groups(layers: list, block_size: int) -> KvGroups:
+    """A hybrid of attention and gated-DeltaNet layers, as vLLM 0.26 lays it out. platforms/interface.py
+    _align_hybrid_block_size (prefix caching off, vLLM's default for hybrid models): the attention block grows to
+    the smallest multiple of the kernel alignment (16 tokens for FlashAttention, or the cache block size when
+    larger) whose page holds one sequence's state, attn_block = align x cdiv(state, align x attention bytes per
+    token), and the state page is padded to that page; then the uniform-page grouping of every hybrid."""
+    attn = [b for _, k, _, b, _ in layers if k != "mamba"]
+    state = max(b for _, k, _, b, _ in layers if k == "mamba")
+    error = ""
+    if not attn:
+        return KvGroups(groups=(KvGroup("mamba", layers[0][2], block_size, len(layers),
+                                        sum(1 for r, *_ in layers if r == "draft")),),
+                        group_size=len(layers), page_bytes=state, hybrid=False)
+    if len(set(attn)) > 1:
+        error = "attention layers of different page sizes beside linear-attention layers (draftfit models one)"
+    per_token = max(attn)
+    align = max(GPU_BLOCK_SIZE, block_size)
+    attn_block = max(block_size, align * cdiv(state, align * per_token))
+    buckets: dict = {}
+    for role, kind, window, _b, shape in layers:
+        buckets.setdefault((kind, window, shape, attn_block), []).append(role)
+    group_size, groups = _group_layers(buckets)
+    return KvGroups(groups=tuple(groups), group_size=group_size, page_bytes=attn_block * per_token, hybrid=True,
+                    error=error)
 
 
 def max_in_flight_tokens(draft, max_num_batched_tokens: int, rules: GpuAccounting | None = None) -> int:
@@ -419,7 +487,9 @@ def _rotary_buffer_bytes(spec, act_bytes: int, max_position: int | None = None) 
     # with the weights). One per model (get_rope caches by parameters; target and draft rarely match).
     positions = max_position or spec.max_position_embeddings or 0
     factor = _spec_get(spec, "rope_scaling_factor", 0.0) or 1.0
-    cache = int(positions * factor) * spec.head_dim * act_bytes
+    # Partial rotary (Qwen3-Next's 0.25): the cache spans the rotated dimensions only.
+    rotary_dim = int(spec.head_dim * (_spec_get(spec, "partial_rotary_factor", 0.0) or 1.0))
+    cache = int(positions * factor) * rotary_dim * act_bytes
     # Gemma-3: the sliding layers' own rope (rope_local_base_freq), unscaled, is a second buffer.
     local = positions * spec.head_dim * act_bytes if _spec_get(spec, "rope_local_base_freq", 0.0) else 0
     return cache + local
@@ -443,16 +513,25 @@ def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "n
     h, hd, L = spec.hidden_size, spec.head_dim, spec.num_layers
     q_rank = spec.num_attention_heads // tp * hd
     kv_rank = kv_heads_per_rank(spec, tp) * hd
+    # Gated-DeltaNet layers replace attention in some layers (linear_layer_params); a gated q_proj (Qwen3-Next/3.5
+    # attn_output_gate) also emits the gate, q wide.
+    attn_layers = _spec_get(spec, "attention_layers", L)
+    linear_params = (L - attn_layers) * linear_layer_params(
+        h, **{k: _spec_get(spec, k, 0) for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                                 "linear_value_head_dim", "linear_conv_kernel_dim")}) // tp
+    gate = q_rank if _spec_get(spec, "attn_output_gate", False) else 0
     experts = _spec_get(spec, "num_experts", 0) or 0
     inter = (_spec_get(spec, "moe_intermediate_size", 0) or spec.intermediate_size) if experts else spec.intermediate_size
-    qkv = h * (q_rank + 2 * kv_rank)
+    qkv = h * (q_rank + gate + 2 * kv_rank)
     o = q_rank * h
     mlp = 3 * h * (inter // tp) * (experts or 1)
     # An MoE layer's always-active shared expert is one more gated MLP (Qwen2-MoE's shared_expert_intermediate_size,
     # DeepSeek's n_shared_experts x moe_intermediate_size), sharded like a dense MLP; Qwen2-MoE adds a 1-wide gate.
     shared = (_spec_get(spec, "shared_expert_intermediate_size", 0) or 0) if experts else 0
     mlp += 3 * h * (shared // tp)
-    router = h * experts + (h if shared and "qwen2" in (spec.family or spec.architecture).lower() else 0)
+    # Qwen2-MoE and Qwen3-Next gate their shared expert (a 1-wide shared_expert_gate).
+    router = h * experts + (h if shared and any(f in (spec.family or spec.architecture).lower()
+                                                for f in ("qwen2", "qwen3_next", "qwen3next", "qwen3_5")) else 0)
     # The layers an MoE config keeps dense (catalog.specs.dense_mlp_layers_of) hold one intermediate_size MLP and
     # no router instead: all but ModelSpec.moe_layers.
     moe_layers = _spec_get(spec, "moe_layers", L) if experts else 0
@@ -460,13 +539,17 @@ def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "n
     mlp_params = (moe_layers * mlp + dense_layers * 3 * h * (spec.intermediate_size // tp)) if experts else L * mlp
     router_params = moe_layers * router if experts else 0
     qkv_bias = L * (q_rank + 2 * kv_rank) if "qwen2" in (spec.family or spec.architecture).lower() else 0
-    qk_norm = L * 2 * hd if "qwen3" in (spec.family or spec.architecture).lower() else 0
+    qk_norm = attn_layers * 2 * hd if "qwen3" in (spec.family or spec.architecture).lower() else 0
     norms = L * 2 * h + h + qk_norm
     vocab_rank = padded_vocab(spec.vocab_size) // tp
     embed = vocab_rank * h
     lm_head = 0 if spec.tie_word_embeddings else vocab_rank * h
+    # A vision tower (Qwen3.5) loads with the model unless --language-model-only; vLLM keeps it in the model
+    # dtype under weight quantization (its quantization_config ignores it), so it is sized at act_bytes.
+    vision = int(_spec_get(spec, "vision_params_b", 0.0) * 1e9 / tp) * act_bytes
     out = {
-        "linear": int(L * (qkv + o) * attn_bpp + mlp_params * linear_bpp),
+        "linear": int(attn_layers * (qkv + o) * attn_bpp + mlp_params * linear_bpp + linear_params * linear_bpp),
+        "vision": vision,
         "embedding": embed * act_bytes,
         "lm_head": lm_head * act_bytes,
         "norms_bias_router": (norms + qkv_bias + router_params) * act_bytes,
@@ -620,6 +703,8 @@ def _model_runner(target, draft, rules: GpuAccounting | None = None) -> str:
     rules = rules or GPU_VERSION_RULES["0.26"]
     if draft is not None and not getattr(draft, "is_eagle", False):
         return rules.draft_model_runner
+    if _spec_get(target, "linear_attention_layers", 0):
+        return rules.hybrid_runner
     if _spec_get(target, "num_experts", 0):
         return "v2" if target.architecture in rules.moe_v2_architectures else rules.moe_runner
     return "v2"
@@ -671,11 +756,28 @@ def moe_workspace_bytes(spec, tp: int, act_bytes: int, T: int) -> int:
     return cdiv(ws13, 256) * 256 + cdiv(ws2, 256) * 256
 
 
+def _gdn_phase_elements(spec, tp: int) -> int:
+    """Per token, the activation elements a gated-DeltaNet layer holds during the profile run, from vLLM 0.26's
+    layers/mamba/gdn/qwen_gdn_linear_attn.py forward_cuda: the in_proj_qkvz output (2 key_dim + 2 value_dim), the
+    core's output buffer and the gated norm's output (value_dim each); Qwen3-Next's interleaved layout
+    (gqa_interleaved_layout) also rearranges q, k, v into copies and concatenates them (2 x (2 key_dim +
+    value_dim)); Qwen3.5's is split in place. The recurrent kernel does not run there (no attention metadata in the
+    profile run: _forward_core returns after a warm-up on small tensors). [est] from the source, checked only by
+    the Qwen3-Next records. 0 for a model without linear-attention layers."""
+    if not _spec_get(spec, "linear_attention_layers", 0):
+        return 0
+    key_dim = spec.linear_num_key_heads * spec.linear_key_head_dim // tp
+    value_dim = spec.linear_num_value_heads * spec.linear_value_head_dim // tp
+    interleaved = "qwen3_next" in (spec.family or "").lower() or spec.architecture == "Qwen3NextForCausalLM"
+    return (2 * key_dim + 2 * value_dim) + 2 * value_dim + (2 * (2 * key_dim + value_dim) if interleaved else 0)
+
+
 def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec) -> dict:
     c = MODEL_CONSTANTS
 
     def fwd(spec):
-        qkv = (spec.num_attention_heads // tp + 2 * kv_heads_per_rank(spec, tp)) * spec.head_dim
+        gate = spec.num_attention_heads // tp if _spec_get(spec, "attn_output_gate", False) else 0
+        qkv = (spec.num_attention_heads // tp + gate + 2 * kv_heads_per_rank(spec, tp)) * spec.head_dim
         if _spec_get(spec, "num_experts", 0):
             # MoE layer: the routed experts work in the persistent workspace (moe_workspace_bytes); what is
             # transient is the shared expert's gated MLP, when there is one, and the fused op's (T, H) output
@@ -685,8 +787,8 @@ def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec)
         else:
             mlp = c["fwd_intermediate_copies"] * (spec.intermediate_size // tp)
         attn = c["fwd_attn_q_copies"] * (spec.num_attention_heads // tp) * spec.head_dim
-        return T * act_bytes * (c["fwd_hidden_copies"] * spec.hidden_size + max(mlp, attn)
-                                + c["fwd_qkv_copies"] * qkv)
+        return T * act_bytes * (c["fwd_hidden_copies"] * spec.hidden_size
+                                + max(max(mlp, attn) + c["fwd_qkv_copies"] * qkv, _gdn_phase_elements(spec, tp)))
 
     # One WorkspaceManager per worker: target and an MoE draft share the buffer, which grows to the larger need.
     workspace = max(moe_workspace_bytes(target, tp, act_bytes, T),
@@ -815,7 +917,8 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     # layers gives the classic blocks = pool // (block_size x bytes per token); sliding + full layers give
     # hybrid groups whose blocks each request draws per group (sliding ones only for their window).
     kvg = kv_cache_groups(target, draft, tp=tp, kv_dtype_bytes=kv_bytes, block_size=block_size,
-                          disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
+                          disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager, act_bytes=act_bytes,
+                          num_speculative_tokens=num_speculative_tokens)
     in_flight = max_in_flight_tokens(draft, T, rules)
     blocks_per_req = kvg.blocks_per_request(max_model_len, in_flight)
 
@@ -1175,7 +1278,10 @@ def spec_from_record(record: dict, role: str):
 
 def predict_record(record: dict) -> MemoryPlan:
     target = spec_from_record(record, "target")
-    draft = spec_from_record(record, "draft") if (record.get("draft") or record.get("draft_config")) else None
+    if record.get("speculative_method") == "mtp":
+        draft = mtp_drafter(target)
+    else:
+        draft = spec_from_record(record, "draft") if (record.get("draft") or record.get("draft_config")) else None
     if record.get("backend", "gpu") == "cpu":
         return plan_memory_cpu(target, draft, kvcache_space_gib=record["kvcache_space_gib"],
                                max_model_len=record["max_model_len"], dtype=record.get("dtype", "float32"),

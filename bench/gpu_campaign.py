@@ -91,7 +91,10 @@ def engine(target: str, draft: str | None, k: int, tp: int = 1, *, memory_only=F
 def mtp_engine(target: str, k: int, **over) -> dict:
     """A memory-only engine of `target` drafting with its own MTP layers (speculative method mtp, no draft folder)."""
     e = engine(target, None, 0, memory_only=True, **over)
-    return dict(e, id=e["id"].replace("-base-", f"-mtp-k{k}-"), k=k, method="mtp", draft=f"{target}-MTP")
+    # The H200 bundle has no flashinfer, which vLLM 0.26's default GDN prefill backend on Hopper needs once a
+    # drafter's CUDA-graph profile runs the recurrent kernel (the target alone only warns): FLA's Triton kernels.
+    return dict(e, id=e["id"].replace("-base-", f"-mtp-k{k}-"), k=k, method="mtp", draft=f"{target}-MTP",
+                engine_kwargs={"gdn_prefill_backend": "triton"})
 
 
 def pair_lane(target: str, draft: str, ks, tp=1, **over) -> list[dict]:

@@ -260,7 +260,8 @@ def _fits(target, probe, gpu, tp, util, max_model_len, quantization, kv_cache_dt
                            num_speculative_tokens=4 if probe is not None else 0, vllm_version=vllm_version)
     except DraftfitError as exc:
         return False, exc.message
-    return bool(plan.fits), plan.reason or ""
+    # A probe draft whose KV layout vLLM refuses still sizes the memory; the compatibility stage reports the refusal.
+    return bool(plan.memory_fits), "" if plan.memory_fits else (plan.reason or "")
 
 
 # A smaller max_num_seqs shrinks the profile run's activations and the CUDA-graph pool vLLM reserves; with a draft

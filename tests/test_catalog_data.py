@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import pytest
@@ -29,7 +30,7 @@ REQUIRED_MODELS = [
 REQUIRED_GPUS = ["A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100-80GB", "H100-PCIe", "H200", "B200", "MI300X",
                  "RTX-4090"]
 # Configs that set head_dim explicitly to something other than hidden/heads.
-EXPLICIT_HEAD_DIM_FAMILIES = {"qwen3", "gemma2", "gemma3", "deepseek_v3", "eagle3"}  # DeepSeek: v_head_dim 128 (MLA); Qwen3 heads copy head_dim 128
+EXPLICIT_HEAD_DIM_FAMILIES = {"qwen3", "gemma2", "gemma3", "deepseek_v3", "eagle3", "qwen3_next", "qwen3_5_moe"}  # DeepSeek: v_head_dim 128 (MLA); Qwen3 heads copy head_dim 128
 # The SigLIP vision tower (+ projector) that Gemma-3 4b/12b/27b checkpoints carry beside the text model.
 GEMMA3_VISION_B = 0.42
 
@@ -63,7 +64,14 @@ def test_shapes_are_consistent(m):
     assert m.vocab_size % 64 == 0  # Gemma-3 4b+: 262208 = 262144 + 64 image tokens, still a multiple of 64
     assert m.max_position_embeddings >= 2048
     assert m.dtype in ("bfloat16", "float16")
-    assert m.source.startswith(f"https://huggingface.co/{m.hub_id}/blob/main/config.json")
+    # The model's own config.json, or (no hub here) its publisher's copy in a pinned commit that names it.
+    hf = f"https://huggingface.co/{m.hub_id}/blob/main/config.json"
+    assert m.source.startswith(hf) or (
+        re.match(r"https://github\.com/alibaba/InferSim/blob/[0-9a-f]{40}/hf_configs/\S+_config\.json ", m.source)
+        and hf in m.source)
+    if m.linear_attention_layers:  # gated-DeltaNet hybrids: 3 linear layers per full one, MTP shipped
+        assert m.family in ("qwen3_next", "qwen3_5_moe") and m.layer_types.startswith("LLLF")
+        assert m.attn_output_gate and m.num_nextn_predict_layers == 1
     if m.sliding_window:  # Gemma's alternating layers; Mistral-7B-v0.1 slides every layer (4096)
         assert m.family in ("gemma2", "gemma3", "mistral")
     if m.is_moe:
@@ -87,9 +95,14 @@ def _shape_params_b(m) -> float:
         return m.params_b
     mlp = 3 * h * (m.moe_intermediate_size or m.intermediate_size) * max(m.num_experts, 1) + h * m.num_experts \
         + 3 * h * m.shared_expert_intermediate_size  # Qwen1.5-MoE's always-active shared expert
-    body = layers * (2 * h * q + 2 * h * kv + mlp)
+    # Gated-DeltaNet layers (Qwen3-Next, Qwen3.5): in_proj_qkvz + out_proj dominate; attention q_proj is doubled
+    # by its output gate.
+    lin = m.linear_attention_layers
+    key, value = m.linear_num_key_heads * m.linear_key_head_dim, m.linear_num_value_heads * m.linear_value_head_dim
+    gdn = h * (2 * key + 2 * value) + value * h
+    body = (layers - lin) * ((3 if m.attn_output_gate else 2) * h * q + 2 * h * kv) + lin * gdn + layers * mlp
     embeddings = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
-    extra = GEMMA3_VISION_B if m.architecture == "Gemma3ForConditionalGeneration" else 0.0
+    extra = GEMMA3_VISION_B if m.architecture == "Gemma3ForConditionalGeneration" else m.vision_params_b
     return (body + embeddings) / 1e9 + extra
 
 

@@ -640,22 +640,37 @@ def _lookup_measured(target, draft, workload: str, temperature: float):
         return None
 
 
-def _mtp_prior() -> AcceptanceEstimate:
-    """A target's own MTP layers: the published second-token acceptance (acceptance_priors.yaml mtp_points),
-    its mean as alpha and its range as the band; no workload or temperature term (none was published)."""
+def _mtp_prior(target=None, workload: str = "chat") -> AcceptanceEstimate:
+    """A target's own MTP layers: the published second-token acceptance (acceptance_priors.yaml mtp_points) of
+    the target's family (every family pooled when none matches), its measured value (else the range's middle) as
+    alpha, the range as the band; a point split by domain gives the workload's value. No temperature term (none
+    was published)."""
     data = _priors_yaml()
     pts = data.get("mtp_points") or []
     if not pts:
         raise DraftfitError("acceptance_priors.yaml has no mtp_points", fix="reinstall draftfit (package data)")
+    family = str(getattr(target, "family", "") or "").lower()
+    if family == "mtp":  # the drafter itself: its family is the method; the target's is in its source note
+        family = ""
+    own = [p for p in pts if family and family in [str(f).lower() for f in p.get("families") or []]]
+    pts = own or pts
     low = min(float(p["alpha_low"]) for p in pts)
     high = max(float(p["alpha_high"]) for p in pts)
-    alpha = sum((float(p["alpha_low"]) + float(p["alpha_high"])) / 2 for p in pts) / len(pts)
+
+    def point_alpha(p) -> float:
+        by = p.get("by_workload") or {}
+        if workload in by:
+            return float(by[workload])
+        return float(p["alpha"]) if p.get("alpha") is not None else (float(p["alpha_low"]) + float(p["alpha_high"])) / 2
+
+    alpha = sum(point_alpha(p) for p in pts) / len(pts)
     srcs = sorted({p["source"] for p in pts})
     return AcceptanceEstimate(
         alpha=round(alpha, 4), per_position=per_position_from_alpha(alpha), low=round(low, 4), high=round(high, 4),
         source="prior:mtp", citation="acceptance_priors.yaml: " + ", ".join(srcs), relation="mtp",
         mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3),
-        notes=["MTP: measured for the second token (K=1); vLLM reuses the layer beyond it, extrapolated i.i.d."])
+        notes=["MTP: measured for the second token (K=1); vLLM reuses the layer beyond it, extrapolated i.i.d."]
+        + ([] if own else [f"no MTP measurement of the {family or 'target'} family: every published one pooled"]))
 
 
 def measured_acceptance(target, draft, workload: str = "chat", temperature: float = 0.0):
@@ -715,7 +730,7 @@ def prior_acceptance(target, draft, workload: str = "chat", temperature: float =
                                   relation=relation, mean_acceptance_length_k4=1.0,
                                   notes=["different tokenizer: proposals are not target tokens"])
     if relation == "mtp":
-        return _mtp_prior()
+        return _mtp_prior(target, workload)
     weights, sd, counts, n = _model()
     ratio = math.log(target.params_b / draft.params_b) if draft.params_b and target.params_b else 0.0
     z = predict_logit(weights, relation, ratio, workload, temperature)

@@ -117,10 +117,11 @@ MODEL_CONSTANTS = {
     # The attention phase of a layer: beside the QKV output, ~3.3 buffers of the query width (heads x head_dim
     # per rank: attention output, rotary/norm copies of q). It is the forward's peak only where the MLP phase is
     # smaller, i.e. in MoE layers whose routed experts work in the persistent workspace (dense MLPs hold 3 I,
-    # far more). [fit] 3.32 / 3.24 from the only records that expose it, Mixtral-8x7B and Qwen3-30B-A3B alone
-    # at 2048 tokens (V1 runner: 3.50 and 1.70 GiB peaks, 0.29 / 0.34 GiB above the MLP-phase forward); the
-    # other MoE records (pairs, 8192 tokens) are not fitted and check it. MLA attention is not checked.
-    "fwd_attn_q_copies": 3.28,
+    # far more). [fit] 3.32 from the one record that exposes it and may be fitted, Mixtral-8x7B alone at 2048
+    # tokens (V1 runner: 3.50 GiB peak, 0.29 GiB above the MLP-phase forward). Qwen3-30B-A3B alone at 2048
+    # tokens shows it too (3.24) but is issue 16's held-out MoE model, kept out of every fit (until the eleventh
+    # session the constant was the mean of both, 3.28); the other MoE records check it. MLA is not checked.
+    "fwd_attn_q_copies": 3.32,
     # Sampler dummy run, bytes per logit element of its R x vocab logits (R = min(max_num_batched_tokens,
     # max_num_seqs)). V1 (v1/worker/gpu_model_runner.py _dummy_sampler_run) with speculative decoding: after
     # the sampler it runs the rejection sampler on 2R fresh rows (torch.randn(num_tokens + num_reqs, vocab))
@@ -152,6 +153,12 @@ MODEL_CONSTANTS = {
     # all-reduces per layer): 0.49-0.53 GiB Llama 8B+1B, 0.66-0.84 Qwen3 8B+0.6B, 0.87 Qwen2.5 32B+7B,
     # 1.72 / 1.84 Llama-70B + 1B / 8B at TP=2 (one outlier: 1.41 GiB for Llama K=3, a noisy sample).
     "cg_per_graph_mib_per_layer": 0.108,
+    # A gated-DeltaNet layer in those graphs (its FULL decode graphs hold the conv/recurrent update's buffers):
+    # [fit] 0.29 MiB per layer per graph from ONE record, Qwen3-Next-80B-A3B's shapes at 24 layers alone at 8192
+    # tokens (vLLM estimated 0.59 GiB over 51 + 51 graphs, the attention-layer constant alone gives 0.27; the
+    # pre-registered prediction, data/predictions/2026-12-02_hybrid_gdn_memory__H200.json, had no such term). The
+    # other three Qwen3-Next records (32768 tokens, + its MTP layer at K 2 and 4) check it, on the same shapes.
+    "cg_per_graph_mib_per_linear_layer": 0.29,
     "cg_per_graph_tp_factor": 1.67,
     # First (largest) capture keeps one layer's activations of the largest capture size in the pool.
     "cg_first_capture_layer_copies": 1.0,
@@ -344,6 +351,17 @@ class KvGroups:
     page_bytes: int  # one layer's block after unification (hybrid); the whole block (one group)
     hybrid: bool
     error: str = ""  # why vLLM cannot build the groups (start-up failure), "" when it can
+    state_bytes: int = 0  # one sequence's linear-attention state per layer before padding to page_bytes (0: none)
+
+    @property
+    def padding_layers(self) -> int:
+        """Empty layer slots vLLM adds so every group has group_size layers (`Add N padding layers`)."""
+        return sum(self.group_size - g.layers for g in self.groups) if self.hybrid else 0
+
+    @property
+    def state_padding_pct(self) -> float:
+        """How much the state page is padded to the attention page (`Padding mamba page size by X%`)."""
+        return round(100 * (self.page_bytes - self.state_bytes) / self.state_bytes, 2) if self.state_bytes else 0.0
 
     @property
     def bytes_per_block(self) -> int:
@@ -470,7 +488,7 @@ def _mamba_aligned_groups(layers: list, block_size: int) -> KvGroups:
         buckets.setdefault((kind, window, shape, attn_block), []).append(role)
     group_size, groups = _group_layers(buckets)
     return KvGroups(groups=tuple(groups), group_size=group_size, page_bytes=attn_block * per_token, hybrid=True,
-                    error=error)
+                    error=error, state_bytes=state)
 
 
 def max_in_flight_tokens(draft, max_num_batched_tokens: int, rules: GpuAccounting | None = None) -> int:
@@ -641,6 +659,13 @@ class MemoryPlan:
     source: str = ""
     kv_cache_groups: str = ""  # vLLM's KV-cache groups for these layers (KvGroups.describe)
     kv_blocks_per_request: int = 0  # blocks one max_model_len request holds, summed over the groups
+    # Tokens per block of the attention layers: block_size, or larger where a linear-attention state must fit a
+    # page (vLLM logs `Setting attention block size to N tokens`); with the state page's padding in %.
+    kv_block_tokens: int = 0
+    linear_state_padding_pct: float = 0.0
+    # Weights and one max_model_len request fit, whatever vLLM says of the KV layout (kv_cache_groups' error is a
+    # start-up failure of the pair, reported by the compatibility stage, not a lack of memory).
+    memory_fits: bool = False
     vllm_version: str = ""  # the modelled vLLM whose accounting this plan follows (GPU_VERSION_RULES), "" on CPU
 
     def to_dict(self) -> dict:
@@ -812,13 +837,18 @@ def _cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec, ru
     pool the capture takes (0.26: afterwards, not subtracted; 0.33: measured first and subtracted, with the
     drafter eager: v1/worker/gpu/spec_decode/standalone_ar/speculator.py captures no graphs)."""
     c = MODEL_CONSTANTS
+    linear = _spec_get(target, "linear_attention_layers", 0) + (
+        _spec_get(draft, "linear_attention_layers", 0) if draft is not None else 0)
     if runner == "v1":
-        layers = target.num_layers + (draft.num_layers if draft is not None else 0)
-        per_layer = c["cg_per_graph_mib_per_layer"] * (c["cg_per_graph_tp_factor"] if tp > 1 else 1.0)
-    else:
-        layers, per_layer = target.num_layers, c["cg_v2_per_graph_mib_per_layer"]
+        layers = target.num_layers + (draft.num_layers if draft is not None else 0) - linear
+        tp_factor = c["cg_per_graph_tp_factor"] if tp > 1 else 1.0
+        per_layer = c["cg_per_graph_mib_per_layer"] * tp_factor
+        per_linear = c["cg_per_graph_mib_per_linear_layer"] * tp_factor
+    else:  # V2 (0.33's hybrids): no hybrid record; its linear layers take the attention-layer constant
+        layers, per_layer = target.num_layers - linear, c["cg_v2_per_graph_mib_per_layer"]
+        per_linear = per_layer
     # vLLM floors the per-graph sample at 1 MiB.
-    per_graph = max(1.0, per_layer * layers) * MIB
+    per_graph = max(1.0, per_layer * layers + per_linear * linear) * MIB
     pw = capture_sizes(max_num_seqs, T, 0 if draft is None else num_spec, rules, runner)
     q = 1 + (num_spec if draft is not None else 0)
     if rules is not None and rules.v2_appends_decode_sizes and runner == "v2":
@@ -934,7 +964,8 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     hi = tokens_for(peak["total"] * BAND["peak_activation"][0], non_torch * BAND["non_torch"][0],
                     cg_reserved * BAND["cudagraph"][0])[2]
     one_request = blocks_per_req * kvg.bytes_per_block
-    fits = weights < requested and pool >= one_request and not kvg.error
+    memory_fits = weights < requested and pool >= one_request
+    fits = memory_fits and not kvg.error
     headroom = pool - one_request
     reason = ""
     if weights >= requested:
@@ -945,7 +976,14 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     elif not fits:
         reason = (f"KV pool {_gib(max(pool, 0))} GiB holds less than one {max_model_len}-token request "
                   f"({_gib(one_request)} GiB)")
-    if kvg.hybrid or kvg.groups[0].kind == "sliding":
+    if kvg.state_bytes:
+        attn_block = max(g.block_size for g in kvg.groups if g.kind != "mamba")
+        notes.append(f"{kvg.describe()}; linear-attention layers keep {kvg.state_bytes / MIB:.2f} MiB of state per "
+                     f"sequence and layer (1 + K pages per request), so vLLM grows the attention block to "
+                     f"{attn_block} tokens and pads the state page by {kvg.state_padding_pct:.2f}% "
+                     f"(platforms/interface.py _align_hybrid_block_size); a {max_model_len}-token request holds "
+                     f"{blocks_per_req} blocks of {_gib(kvg.bytes_per_block) * 1024:.2f} MiB")
+    elif kvg.hybrid or kvg.groups[0].kind == "sliding":
         notes.append(f"{kvg.describe()}; a {max_model_len}-token request holds {blocks_per_req} blocks of "
                      f"{_gib(kvg.bytes_per_block) * 1024:.2f} MiB (sliding layers keep window - 1 + {in_flight} "
                      "in-flight tokens, v1/kv_cache_interface.py SlidingWindowSpec)")
@@ -979,6 +1017,9 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
         draft_pool_share=kvg.draft_share(max_model_len, in_flight, d_kv, per_token),
         headroom_gib=_gib(headroom), reason=reason, notes=notes, source=source("gpu", rules.version),
         kv_cache_groups=kvg.describe(), kv_blocks_per_request=blocks_per_req, vllm_version=rules.version,
+        kv_block_tokens=max(g.block_size for g in kvg.groups if g.kind != "mamba") if any(
+            g.kind != "mamba" for g in kvg.groups) else block_size,
+        linear_state_padding_pct=kvg.state_padding_pct, memory_fits=memory_fits,
     )
     if weights >= requested and strict:
         fit_tp = _smallest_fitting_tp(target, draft, gpu, tp, util, act_bytes, quantization, draft_quantization)
@@ -1163,6 +1204,10 @@ _LOG_PATTERNS = {
     "vllm_version": re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)"),
     "v2_runner": re.compile(r"Using V2 Model Runner"),
     "cpu_kv_explicit": re.compile(r"Explicitly set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache"),
+    # Hybrid (linear-attention) layouts: platforms/interface.py _align_hybrid_block_size, kv_cache_utils.py.
+    "attention_block_size": re.compile(r"Setting attention block size to " + _NUM + r" tokens"),
+    "mamba_padding_pct": re.compile(r"Padding mamba page size by " + _NUM + r"%"),
+    "kv_padding_layers": re.compile(r"Add " + _NUM + r" padding layers"),
 }
 
 

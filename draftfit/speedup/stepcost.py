@@ -36,8 +36,8 @@ from draftfit.calibration import drain as _drain_module, tables as _tables_modul
 from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, PooledSteps, find_tables, load_tables,
                                          model_spec as resolve, table_vllm, tables_of_version)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
-from draftfit.catalog.specs import GpuSpec, resolve_gpu
-from draftfit.memory.plan import (attention_bytes_per_param, linear_bytes_per_param,
+from draftfit.catalog.specs import GpuSpec, linear_layer_params, resolve_gpu
+from draftfit.memory.plan import (attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
                                   weights_bytes_per_rank as weights_bytes_per_rank_plan)
 from draftfit.launch.flags import flag_list
 from draftfit.vllm_version import modelled_version
@@ -222,15 +222,28 @@ def _mlp_params(spec, routed_per_layer: float) -> float:
     return spec.moe_layers * routed_per_layer + (spec.num_layers - spec.moe_layers) * dense_mlp
 
 
+def _mixer_params(spec) -> float:
+    """Token-mixing parameters over all layers: gated or plain attention (q, k, v, o; a gated q_proj is twice q
+    wide) in the attention layers, the gated-DeltaNet projections (catalog.specs.linear_layer_params) in the
+    linear-attention ones (Qwen3-Next, Qwen3.5)."""
+    h = spec.hidden_size
+    q, kv = spec.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    attn = h * q * (3 if spec.attn_output_gate else 2) + h * kv * 2
+    linear = spec.linear_attention_layers
+    gdn = linear_layer_params(h, linear_num_key_heads=spec.linear_num_key_heads,
+                              linear_num_value_heads=spec.linear_num_value_heads,
+                              linear_key_head_dim=spec.linear_key_head_dim,
+                              linear_value_head_dim=spec.linear_value_head_dim,
+                              linear_conv_kernel_dim=spec.linear_conv_kernel_dim) if linear else 0
+    return spec.attention_layers * attn + linear * gdn
+
+
 def weight_bytes_per_rank(spec, tp: int, tokens: int = 1) -> float:
     """Bytes a forward pass over `tokens` new tokens streams from HBM for the weights: all layers + LM head
     (embedding rows are gathered, not streamed). Tensor parallelism splits them evenly. A dense model reads
     every weight whatever the token count; an MoE layer reads its attention, router and shared experts, and
     the routed experts the step's tokens cover (expert_coverage): top_k of them for one token, up to all."""
-    h, layers = spec.hidden_size, spec.num_layers
-    q = spec.num_attention_heads * spec.head_dim
-    kv = spec.num_kv_heads * spec.head_dim
-    attn = h * q * 2 + h * kv * 2
+    h = spec.hidden_size
     routed = 0.0
     if spec.is_moe:  # the routed layers; dense_mlp_layers keep a dense MLP (DeepSeek-V3's first three)
         experts_read = expert_coverage(spec.num_experts, spec.num_experts_per_tok, tokens)
@@ -245,25 +258,27 @@ def weight_bytes_per_rank(spec, tp: int, tokens: int = 1) -> float:
     # unconverted and the LM head in the model dtype.
     linear_bpp = linear_bytes_per_param(spec, _dtype_bytes(spec))
     attn_bpp = attention_bytes_per_param(spec, _dtype_bytes(spec))
-    return (layers * attn * attn_bpp + mlp_total * linear_bpp + spec.vocab_size * h * _dtype_bytes(spec)) / tp
+    return (_mixer_params(spec) * attn_bpp + mlp_total * linear_bpp + spec.vocab_size * h * _dtype_bytes(spec)) / tp
 
 
 def flops_per_token(spec, context_len: int, tp: int) -> float:
-    h, layers = spec.hidden_size, spec.num_layers
+    h = spec.hidden_size
     q = spec.num_attention_heads * spec.head_dim
-    kv = spec.num_kv_heads * spec.head_dim
     routed = 0.0
     if spec.is_moe:  # each token multiplies by its top_k experts, the router and the shared experts
         routed = expert_params_per_layer(spec) * max(spec.num_experts_per_tok, 1) \
             + _moe_always_read_params_per_layer(spec)
-    dense = layers * (h * q * 2 + h * kv * 2) + _mlp_params(spec, routed) + spec.vocab_size * h
-    attn = layers * 4 * q * context_len  # QK^T and PV
-    return (2 * dense + attn) / tp
+    dense = _mixer_params(spec) + _mlp_params(spec, routed) + spec.vocab_size * h
+    attn = spec.attention_layers * 4 * q * context_len  # QK^T and PV, in the layers that keep KV
+    # A gated-DeltaNet layer updates and reads its value x key state per token and value head (~4 flops each).
+    state = spec.linear_attention_layers * 4 * spec.linear_num_value_heads * spec.linear_value_head_dim \
+        * spec.linear_key_head_dim
+    return (2 * dense + attn + state) / tp
 
 
 def kv_bytes_per_token_per_rank(spec, tp: int) -> float:
     kv_heads = max(spec.num_kv_heads // tp, 1) if spec.num_kv_heads >= tp else 1
-    return spec.num_layers * 2 * kv_heads * spec.head_dim * 2  # bf16 KV
+    return spec.attention_layers * 2 * kv_heads * spec.head_dim * 2  # bf16 KV, linear-attention layers keep none
 
 
 def forward_ms(spec, gpu, *, batch: int, tokens_per_seq: int, context_len: int, tp: int = 1) -> float:
@@ -272,6 +287,10 @@ def forward_ms(spec, gpu, *, batch: int, tokens_per_seq: int, context_len: int, 
     reads up to K+1 times the experts of a plain step, at batch 32 of a 128-expert top-8 model about as many."""
     tokens = batch * tokens_per_seq
     bytes_ = weight_bytes_per_rank(spec, tp, tokens) + batch * context_len * kv_bytes_per_token_per_rank(spec, tp)
+    if spec.linear_attention_layers:
+        # Each sequence's recurrent state is read once and written per new token (vLLM keeps one state per
+        # speculative position, num_speculative_blocks), whatever the context length.
+        bytes_ += batch * spec.linear_attention_layers * (1 + tokens_per_seq) * linear_state_bytes(spec, tp, 2)
     t_mem = bytes_ / (gpu.bandwidth_gbps * 1e9 * BANDWIDTH_EFFICIENCY)
     t_flop = tokens * flops_per_token(spec, context_len, tp) / (gpu.bf16_tflops * 1e12 * FLOPS_EFFICIENCY)
     t_comm = (2 * spec.num_layers * ALLREDUCE_US * 1e-6) if tp > 1 else 0.0

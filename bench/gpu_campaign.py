@@ -200,6 +200,11 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
                                    mtp_engine(qn, 2, util=0.85, max_model_len=8192),
                                    engine(qn, None, 0, memory_only=True, util=0.85, max_model_len=32768),
                                    mtp_engine(qn, 4, util=0.85, max_model_len=8192)])],
+        # The same, with an fp8 KV cache: the attention page halves, so vLLM doubles the block (the state stays
+        # bf16: mamba_cache_dtype auto is the model dtype); a check of the alignment nothing was fitted on.
+        "HN8": [("gpu0", "0", 150, [dict(engine(qn, None, 0, memory_only=True, util=0.85, max_model_len=8192),
+                                        id="mem-Qwen3-Next-80B-A3B-24L-base-tp1-u0.85-L8192-kvfp8",
+                                        engine_kwargs={"kv_cache_dtype": "fp8"})])],
         "MC": [("gpu0", "0", 240, [engine(mx, None, 0, memory_only=True, util=0.9, max_model_len=8192),
                                    engine(mx, m7, 4, memory_only=True, util=0.9, max_model_len=8192),
                                    engine(qm, None, 0, memory_only=True, util=0.85, max_model_len=8192),

@@ -66,8 +66,10 @@ def _case_name(spec: dict, seqs: int, kwargs: dict | None = None) -> str:
     models = spec["target"] + (f"+{spec['draft']}_k{spec['k']}" if spec.get("draft") else "")
     # One KV-cache group instead of vLLM's hybrid groups is another layout of the same engine: its own case.
     nohma = "_nohma" if (kwargs or {}).get("disable_hybrid_kv_cache_manager") else ""
+    kv = (kwargs or {}).get("kv_cache_dtype", "auto")
+    kv = f"_kv{kv}" if kv != "auto" else ""
     return (f"gpu_h200_{models}_tp{spec.get('tp', 1)}_u{spec['util']}_L{spec['max_model_len']}_s{seqs}"
-            f"{nohma}").lower()
+            f"{nohma}{kv}").lower()
 
 
 def record_from_engine(entry: dict, raw_name: str) -> dict | None:
@@ -103,7 +105,8 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
         "vllm_scheduler": {"max_num_batched_tokens": ran_tokens, "max_num_seqs": ran_seqs,
                            "num_gpu_blocks": result.get("num_gpu_blocks"), "block_size": result.get("block_size"),
                            "cudagraph_capture_sizes_max": max(result.get("cudagraph_capture_sizes") or [0]) or None},
-        "entrypoint": "llm", "dtype": "auto", "kv_cache_dtype": "auto", "quantization": "none",
+        "entrypoint": "llm", "dtype": "auto", "kv_cache_dtype": kwargs.get("kv_cache_dtype", "auto"),
+        "quantization": "none",
         "enforce_eager": bool(kwargs.get("enforce_eager", False)), "load_format": kwargs.get("load_format", "dummy"),
         "disable_hybrid_kv_cache_manager": bool(kwargs.get("disable_hybrid_kv_cache_manager", False)),
         "vllm_version": parsed.get("vllm_version") or result.get("vllm_version") or VLLM_GPU_VERSION,

@@ -75,8 +75,9 @@ class ModelSpec:
     # yarn_scaling_rope.py); Gemma-3's sliding layers use a second, unscaled rope (rope_local_base_freq).
     rope_scaling_factor: float = 0.0
     rope_local_base_freq: float = 0.0
-    # Attention kind of each layer, compact: tokens of F (full) / S (sliding, window `sliding_window`), each
-    # optionally repeated, e.g. "SF*21" (Gemma-2-9b), "SSSSSF*8" (Gemma-3-12b), "F*20 S*8"; "" = all full.
+    # Attention kind of each layer, compact: tokens of F (full) / S (sliding, window `sliding_window`) / L (linear
+    # attention, below), each optionally repeated, e.g. "SF*21" (Gemma-2-9b), "SSSSSF*8" (Gemma-3-12b), "LLLF*12"
+    # (Qwen3-Next), "F*20 S*8"; "" = all full.
     # Expanded by layer_kinds(), which mirrors how vLLM 0.26 gives each layer its window (see there).
     layer_types: str = ""
     # Gated-DeltaNet linear attention (Qwen3-Next, Qwen3.5; layer kind "L" in layer_types): such a layer keeps a
@@ -563,7 +564,7 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
     gate = cfg.get("attn_output_gate", True if linear_layers else False) is True
     # Parameter count from the shapes: attention (q_proj twice as wide with an output gate), gated-DeltaNet layers
     # (linear_layer_params), MLP (or experts), norms, embeddings.
-    attn = hidden * (heads * head_dim) * (3 if gate else 2) + hidden * (kv_heads * head_dim) * 2
+    attn = attention_layer_params(hidden, heads, kv_heads, head_dim, gate)
     mlp = 3 * hidden * (moe_inter or inter) * (experts or 1) + (hidden * experts if experts else 0) \
         + 3 * hidden * shared_inter
     params = (layers - linear_layers) * attn + linear_layers * linear_layer_params(hidden, **lin) \
@@ -631,6 +632,13 @@ def _flatten_speculators(config):
         except DraftfitError:
             target = ""
     return flat, target
+
+
+def attention_layer_params(hidden: int, heads: int, kv_heads: int, head_dim: int, gate: bool = False) -> int:
+    """One attention layer's projections, q, k, v and o: hidden x heads x head_dim for q and o, hidden x kv_heads x
+    head_dim for k and v; a gated q_proj (Qwen3-Next/3.5 attn_output_gate) emits the gate too, another q."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return hidden * q * (3 if gate else 2) + hidden * kv * 2
 
 
 def linear_layer_params(hidden: int, *, linear_num_key_heads: int, linear_num_value_heads: int,
@@ -785,10 +793,10 @@ def mtp_drafter(target: ModelSpec) -> ModelSpec | None:
     if target.kv_lora_rank:
         layer = (target.params_b * 1e9 - 2 * target.vocab_size * h) / max(target.num_layers, 1)
     else:
-        q, kv = target.num_attention_heads * target.head_dim, target.num_kv_heads * target.head_dim
         inter = target.moe_intermediate_size or target.intermediate_size
-        # A gated-attention q_proj (Qwen3-Next/3.5) is twice q wide; the MoE MLP has its shared expert and router.
-        layer = h * (q * (3 if target.attn_output_gate else 2) + 2 * kv) + 3 * h * inter * (target.num_experts or 1) \
+        # The MoE MLP has its shared expert and router beside the routed experts.
+        layer = attention_layer_params(h, target.num_attention_heads, target.num_kv_heads, target.head_dim,
+                                       target.attn_output_gate) + 3 * h * inter * (target.num_experts or 1) \
             + (3 * h * target.shared_expert_intermediate_size + h * target.num_experts if target.num_experts else 0)
     return dataclasses.replace(
         target, name=f"{target.name}-MTP", aliases=(), method="mtp", draft_for=(target.name,), num_layers=n,

@@ -36,7 +36,7 @@ from draftfit.calibration import drain as _drain_module, tables as _tables_modul
 from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, PooledSteps, find_tables, load_tables,
                                          model_spec as resolve, table_vllm, tables_of_version)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
-from draftfit.catalog.specs import GpuSpec, linear_layer_params, resolve_gpu
+from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer_params, resolve_gpu
 from draftfit.memory.plan import (attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
                                   weights_bytes_per_rank as weights_bytes_per_rank_plan)
 from draftfit.launch.flags import flag_list
@@ -227,8 +227,7 @@ def _mixer_params(spec) -> float:
     wide) in the attention layers, the gated-DeltaNet projections (catalog.specs.linear_layer_params) in the
     linear-attention ones (Qwen3-Next, Qwen3.5)."""
     h = spec.hidden_size
-    q, kv = spec.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    attn = h * q * (3 if spec.attn_output_gate else 2) + h * kv * 2
+    attn = attention_layer_params(h, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim, spec.attn_output_gate)
     linear = spec.linear_attention_layers
     gdn = linear_layer_params(h, linear_num_key_heads=spec.linear_num_key_heads,
                               linear_num_value_heads=spec.linear_num_value_heads,

@@ -106,9 +106,14 @@ def _kv_group_verdict(target: ModelSpec, draft: ModelSpec, tp: int,
                       vllm_version: str | None) -> tuple[bool, str, str | None] | None:
     """None when the KV-cache groups raise nothing; else (runs, reason, fix) for the pair's layer groups."""
     kvg = kv_cache_groups(target, draft, tp=tp)
+    # A linear-attention (gated-DeltaNet) target keeps its state in mamba groups, which vLLM cannot fold into one
+    # group: --disable-hybrid-kv-cache-manager is no way out there (kv_cache_groups says why).
+    linear = bool(target.linear_attention_layers)
     if kvg.error:
-        return False, f"vLLM cannot lay out the pair's KV cache: {kvg.error}", \
-            "pick a draft whose KV bytes per token divide the target's (or serve with --disable-hybrid-kv-cache-manager)"
+        return False, f"vLLM cannot lay out the pair's KV cache: {kvg.error}", (
+            f"pick a draft whose attention keeps the target's KV bytes per token and layer at TP={tp} (KV heads x "
+            f"head_dim per rank), or the target's own MTP layers ({target.name}-MTP)" if linear else
+            "pick a draft whose KV bytes per token divide the target's (or serve with --disable-hybrid-kv-cache-manager)")
     ids = kvg.draft_group_ids
     if len(ids) <= 1:
         return None
@@ -119,6 +124,12 @@ def _kv_group_verdict(target: ModelSpec, draft: ModelSpec, tp: int,
     if parse_version(version.split()[0]) >= DRAFT_MODEL_MULTI_GROUP_FROM:
         return True, (f"vLLM {version} accepts the pair (equal vocab_size); {draft.name}'s layers fall into {where}, "
                       "which its V2 draft_model runner handles (from vLLM's source, not yet run on a GPU)"), None
+    if linear:
+        return False, (f"vLLM {version} dies at start-up: {draft.name}'s layers fall into {where} (split beside "
+                       f"{target.name}'s linear-attention groups) and draft_model asserts \"All drafting layers "
+                       "should belong to the same kv cache group\" (v1/spec_decode/llm_base_proposer.py)"), \
+            (f"use vLLM >= 0.31 (--vllm-version), the target's own MTP layers ({target.name}-MTP), or a draft of at "
+             f"most {kvg.group_size} layers (one KV-cache group)")
     return False, (f"vLLM {version} dies at start-up: {draft.name}'s sliding and full layers fall into {where} "
                    f"and draft_model asserts \"All drafting layers should belong to the same kv cache group\" "
                    "(v1/spec_decode/llm_base_proposer.py)"), \

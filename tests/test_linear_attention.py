@@ -153,3 +153,22 @@ def test_mtp_prior_follows_the_target_family_and_workload():
     assert "tenstorrent2026qwenmtp" in chat.citation and (chat.low, chat.high) == (0.48, 0.91)
     ds = resolve_model("DeepSeek-V3")
     assert prior_acceptance(ds, mtp_drafter(ds), "chat", use_store=False).alpha == pytest.approx(0.875)
+
+
+def test_preflight_names_a_fix_vllm_can_take_for_a_hybrid_target():
+    # --disable-hybrid-kv-cache-manager cannot help a linear-attention target (vLLM raises on the state specs), so
+    # the fix offers the MTP layers instead; a draft whose layers split over several groups dies on vLLM 0.26.
+    from click.testing import CliRunner
+
+    from draftfit.cli import cli
+
+    res = CliRunner().invoke(cli, ["preflight", "Qwen3-Next-80B-A3B", "Qwen3-30B-A3B", "--gpu", "H200", "--tp", "2",
+                                   "--vllm-version", "0.26.0"])
+    assert res.exit_code == 2
+    assert "All drafting layers should belong to the same kv cache group" in res.output
+    assert "Qwen3-Next-80B-A3B-MTP" in res.output and "disable-hybrid" not in res.output
+    spec = resolve_model("Qwen3-Next-80B-A3B")
+    assert "failed to convert" in kv_cache_groups(spec, None, disable_hybrid_kv_cache_manager=True).error
+    ok = CliRunner().invoke(cli, ["preflight", "Qwen3-Next-80B-A3B", "Qwen3-Next-80B-A3B-MTP", "--gpu", "H200",
+                                  "--tp", "2", "--vllm-version", "0.26.0"])
+    assert ok.exit_code in (0, 1), ok.output  # warnings allowed (no measured acceptance), no failure

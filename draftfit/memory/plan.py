@@ -423,7 +423,13 @@ def kv_cache_groups(target, draft=None, *, tp: int = 1, kv_dtype_bytes: int = 2,
     if draft is not None:
         layers += _layer_specs(draft, tp, kv_dtype_bytes, "draft", act_bytes, spec_k)
     if any(k == "mamba" for _, k, *_ in layers):
-        return _mamba_aligned_groups(layers, block_size)
+        kvg = _mamba_aligned_groups(layers, block_size)
+        if disable_hybrid_kv_cache_manager:
+            # unify_hybrid_kv_cache_specs turns sliding layers into full ones but has no form for a state.
+            return dataclasses.replace(kvg, error="--disable-hybrid-kv-cache-manager with linear-attention layers: "
+                                       "vLLM raises \"Hybrid KV cache manager is disabled but failed to convert the "
+                                       "KV cache specs to one unified type\" (kv_cache_utils.py)")
+        return kvg
     if disable_hybrid_kv_cache_manager and any(k == "full" for _, k, *_ in layers):
         layers = [(r, "full", 0, b, shape) for r, _, _, b, shape in layers]
     n_draft = sum(1 for r, *_ in layers if r == "draft")

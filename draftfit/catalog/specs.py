@@ -558,8 +558,7 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
     archs = config.get("architectures") or ["unknown"]
     window, layer_pattern = layer_types_from_config(config, cfg, layers)
     linear_layers = expand_layer_types(layer_pattern).count(LINEAR) if LINEAR in layer_pattern else 0
-    lin = {k: _pos_int(cfg.get(k)) for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                                             "linear_value_head_dim", "linear_conv_kernel_dim")}
+    lin = {k: _pos_int(cfg.get(k)) for k in LINEAR_SHAPE_FIELDS}
     # vLLM's Qwen3NextAttention: getattr(config, "attn_output_gate", True); other architectures have no gate.
     gate = cfg.get("attn_output_gate", True if linear_layers else False) is True
     # Parameter count from the shapes: attention (q_proj twice as wide with an output gate), gated-DeltaNet layers
@@ -653,6 +652,15 @@ def linear_layer_params(hidden: int, *, linear_num_key_heads: int, linear_num_va
     return (hidden * (2 * key_dim + 2 * value_dim) + hidden * 2 * linear_num_value_heads
             + conv_dim * linear_conv_kernel_dim + 2 * linear_num_value_heads + linear_value_head_dim
             + value_dim * hidden)
+
+
+LINEAR_SHAPE_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                       "linear_value_head_dim", "linear_conv_kernel_dim")
+
+
+def linear_layer_params_of(spec) -> int:
+    """linear_layer_params for a spec's own gated-DeltaNet shapes (0 shapes give the hidden-only terms)."""
+    return linear_layer_params(spec.hidden_size, **{k: getattr(spec, k, 0) or 0 for k in LINEAR_SHAPE_FIELDS})
 
 
 def _vision_params(vc) -> int:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from draftfit.errors import DraftfitError
 from draftfit.assets.models import is_ready, model_dir
-from draftfit.catalog.specs import (GpuSpec, layer_kinds, linear_layer_params, mtp_drafter, resolve_gpu,
+from draftfit.catalog.specs import (GpuSpec, layer_kinds, linear_layer_params_of, mtp_drafter, resolve_gpu,
                                     resolve_model, spec_from_config)
 from draftfit.errors import require
 from draftfit.locks import heavy_lock
@@ -540,9 +540,7 @@ def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "n
     # Gated-DeltaNet layers replace attention in some layers (linear_layer_params); a gated q_proj (Qwen3-Next/3.5
     # attn_output_gate) also emits the gate, q wide.
     attn_layers = _spec_get(spec, "attention_layers", L)
-    linear_params = (L - attn_layers) * linear_layer_params(
-        h, **{k: _spec_get(spec, k, 0) for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                                                 "linear_value_head_dim", "linear_conv_kernel_dim")}) // tp
+    linear_params = (L - attn_layers) * linear_layer_params_of(spec) // tp
     gate = q_rank if _spec_get(spec, "attn_output_gate", False) else 0
     experts = _spec_get(spec, "num_experts", 0) or 0
     inter = (_spec_get(spec, "moe_intermediate_size", 0) or spec.intermediate_size) if experts else spec.intermediate_size

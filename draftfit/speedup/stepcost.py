@@ -36,7 +36,7 @@ from draftfit.calibration import drain as _drain_module, tables as _tables_modul
 from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, PooledSteps, find_tables, load_tables,
                                          model_spec as resolve, table_vllm, tables_of_version)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
-from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer_params, resolve_gpu
+from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer_params_of, resolve_gpu
 from draftfit.memory.plan import (attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
                                   weights_bytes_per_rank as weights_bytes_per_rank_plan)
 from draftfit.launch.flags import flag_list
@@ -229,11 +229,7 @@ def _mixer_params(spec) -> float:
     h = spec.hidden_size
     attn = attention_layer_params(h, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim, spec.attn_output_gate)
     linear = spec.linear_attention_layers
-    gdn = linear_layer_params(h, linear_num_key_heads=spec.linear_num_key_heads,
-                              linear_num_value_heads=spec.linear_num_value_heads,
-                              linear_key_head_dim=spec.linear_key_head_dim,
-                              linear_value_head_dim=spec.linear_value_head_dim,
-                              linear_conv_kernel_dim=spec.linear_conv_kernel_dim) if linear else 0
+    gdn = linear_layer_params_of(spec) if linear else 0
     return spec.attention_layers * attn + linear * gdn
 
 

@@ -97,6 +97,15 @@ def mtp_engine(target: str, k: int, **over) -> dict:
                 engine_kwargs={"gdn_prefill_backend": "triton"})
 
 
+def mtp_timing_lane(target: str, ks, **over) -> list[dict]:
+    """`target` alone, then drafting with its own MTP layers at each K: timed engines (batch 1-128), every one with
+    FLA's Triton GDN prefill (mtp_engine says why), the baseline too, so both measure the same kernels."""
+    triton = {"engine_kwargs": {"gdn_prefill_backend": "triton"}}
+    base = dict(engine(target, None, 0, **over), **triton)
+    return [base] + [dict(base, id=base["id"].replace("-base-", f"-mtp-k{k}-"), k=k, method="mtp",
+                          draft=f"{target}-MTP") for k in ks]
+
+
 def pair_lane(target: str, draft: str, ks, tp=1, **over) -> list[dict]:
     return [engine(target, None, 0, tp, **over)] + [engine(target, draft, k, tp, **over) for k in ks]
 
@@ -200,6 +209,10 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
                                    mtp_engine(qn, 2, util=0.85, max_model_len=8192),
                                    engine(qn, None, 0, memory_only=True, util=0.85, max_model_len=32768),
                                    mtp_engine(qn, 4, util=0.85, max_model_len=8192)])],
+        # Speedup of a hybrid MoE target drafting with its own MTP layer (twelfth session): the same 24-layer
+        # Qwen3-Next shapes, baseline then MTP K 1, 3, 2 (vLLM reuses its one MTP layer for every K), timed like the
+        # pair tables; predicted first (draftfit/data/predictions/2026-12-02_Qwen3-Next-24L__MTP__H200__tp1__a0.8.json).
+        "HS": [("gpu0", "0", 300, mtp_timing_lane(qn, (1, 3, 2)))],
         # The same, with an fp8 KV cache: the attention page halves, so vLLM doubles the block (the state stays
         # bf16: mamba_cache_dtype auto is the model dtype); a check of the alignment nothing was fitted on.
         "HN8": [("gpu0", "0", 150, [dict(engine(qn, None, 0, memory_only=True, util=0.85, max_model_len=8192),

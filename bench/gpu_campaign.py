@@ -213,6 +213,13 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # Qwen3-Next shapes, baseline then MTP K 1, 3, 2 (vLLM reuses its one MTP layer for every K), timed like the
         # pair tables; predicted first (draftfit/data/predictions/2026-12-02_Qwen3-Next-24L__MTP__H200__tp1__a0.8.json).
         "HS": [("gpu0", "0", 300, mtp_timing_lane(qn, (1, 3, 2)))],
+        # Second starts of the same four engines in the same lease (ids end in -r2; pooled at scoring), to see
+        # how far a restart moves these steps (vLLM's compile cache is warm by then: ~35 s starts).
+        "HSR": [("gpu0", "0", 120, [dict(e, id=e["id"] + "-r2") for e in mtp_timing_lane(qn, (2, 1, 3))])],
+        # K 4 and 5, which the pre-registration did not cover (scored apart), and third starts of the K whose two
+        # starts disagreed most (K=1 at batch 8, K=3 at batch 1).
+        "HS4": [("gpu0", "0", 120, mtp_timing_lane(qn, (4, 5))[1:]
+                 + [dict(e, id=e["id"] + "-r3") for e in mtp_timing_lane(qn, (1, 3))[1:]])],
         # The same, with an fp8 KV cache: the attention page halves, so vLLM doubles the block (the state stays
         # bf16: mamba_cache_dtype auto is the model dtype); a check of the alignment nothing was fitted on.
         "HN8": [("gpu0", "0", 150, [dict(engine(qn, None, 0, memory_only=True, util=0.85, max_model_len=8192),

@@ -217,7 +217,9 @@ def main() -> None:
             "0.26's source (state size, attention block alignment, mamba groups); that prediction was +1.33 % "
             "alone and +0.74 % with MTP, and one record, alone at 8192 tokens, then fitted the CUDA-graph term "
             "of a linear-attention layer (cg_per_graph_mib_per_linear_layer); the fp8-KV record was "
-            "pre-registered after that (2026-12-02_hybrid_gdn_memory_kvfp8__H200.json: +0.60 %).\n\n"
+            "pre-registered after that (2026-12-02_hybrid_gdn_memory_kvfp8__H200.json: +0.60 %). The same shapes' timed "
+            "engines of the twelfth session (phase HS: alone and with MTP K 1-4 at 2048 tokens, 128 sequences) "
+            "are records too, fitted on nothing.\n\n"
             + markdown_table(["case", "models", "where", "layout", "vLLM KV tokens", "draftfit", "error",
                               "weights-only (error)", "source"], rows())
             + "\n\nPer term on the GPU records, GiB, draftfit / vLLM (`Actual usage is W for weight, A for peak "

@@ -8,6 +8,11 @@ Qwen3-Next-80B-A3B-24L, the folder the campaign's engines load with dummy weight
 runs on the lent H200). The prediction is the library's own path: speedup.predict.predict_speedup.
 
     .venv/bin/python bench/preregister_mtp.py [--write]     (without --write: print only)
+    .venv/bin/python bench/preregister_mtp.py --score data/calibration/raw/2026-12-02/HS*_gpu0.json [--no-readme]
+
+--score reads the timed engines (their steady-state speedups, calibration.tables as for every table; the table is
+not written to draftfit/data/calibration, so no fit sees it) and scores the committed prediction against them into
+docs/benchmarks.md (section mtp-preregistered).
 """
 
 from __future__ import annotations
@@ -54,10 +59,79 @@ def predict() -> dict:
             "notes": pred.notes}
 
 
+def _k(k: int) -> str:
+    return f"K={k}" if k else "none"
+
+
+def score(raw_paths: list[Path]) -> tuple[str, dict]:
+    """The committed prediction against the measured steady-state speedups: a markdown section and its figures."""
+    from bench._readme import markdown_table
+    from draftfit.calibration.tables import engine_results_from_campaign, tables_from_results
+
+    rec = json.loads(OUT.read_text())
+    pred = rec["prediction"]
+    results = [r for p in raw_paths for r in engine_results_from_campaign(p)]
+    tables = [t for t in tables_from_results(results) if t.draft == pred["draft"]]
+    if len(tables) != 1:
+        sys.exit(f"expected one {pred['draft']} table in {', '.join(map(str, raw_paths))}, found {len(tables)}")
+    table = tables[0]
+    rows, errors, advice = [], [], []
+    for b, row in pred["batches"].items():
+        measured = {int(k): table.speedup(int(k), int(b)) for k in row["per_k"]}
+        measured = {k: v for k, v in measured.items() if v is not None}
+        for k, v in sorted(measured.items()):
+            pk = row["per_k"][str(k)]
+            err = pk["speedup"] / v - 1
+            errors.append(err)
+            rows.append([b, k, f"{pk['speedup']:.2f} [{pk['low']:.2f}-{pk['high']:.2f}]", f"{v:.2f}", f"{err:+.0%}",
+                         "yes" if pk["low"] <= v <= pk["high"] else "no",
+                         f"{pk['spec_step_ms']:.1f} / {table.spec_step_ms(k, int(b)):.1f}"])
+        if measured:
+            best_m = max(measured, key=measured.get)
+            adv_m = best_m if measured[best_m] >= 1.05 else 0
+            adv_p = row["best_k"]
+            # Right when the advised option's measured TPOT is within 3 % of the best measured option (as bench/speedup.py).
+            got = measured.get(adv_p, 1.0) if adv_p else 1.0
+            advice.append((b, adv_m, adv_p, got >= 0.97 * max(1.0, measured[best_m])))
+    # K measured beyond the pre-registered ones (phase HS4): shown, not scored.
+    extra = sorted(int(k) for k in table.spec if str(k) not in next(iter(pred["batches"].values()))["per_k"])
+    extra_text = "".join(
+        f" K={k} (measured, not pre-registered): speedup "
+        + ", ".join(f"batch {b} {table.speedup(k, int(b)):.2f} ({table.spec_step_ms(k, int(b)):.1f} ms)"
+                    for b in pred["batches"] if table.speedup(k, int(b)) is not None) + "."
+        for k in extra)
+    mean_abs = sum(abs(e) for e in errors) / len(errors)
+    within = sum(abs(e) <= 0.15 for e in errors) / len(errors)
+    text = (f"Pre-registered in `{OUT.relative_to(ROOT)}` ({rec['created_utc']} UTC, committed before phase HS ran; "
+            f"`{rec['command']}`), measured by `{rec['measured_by']}`; raw files "
+            f"{', '.join(str(Path(p).relative_to(ROOT)) if Path(p).is_absolute() else str(p) for p in raw_paths)}. "
+            f"Target {pred['target']} (Qwen3-Next-80B-A3B's shapes at 24 of 48 layers: 18 gated-DeltaNet, 6 full "
+            f"attention, 512 experts top-10 + a shared one), drafter {pred['draft']} (vLLM method mtp, its one layer "
+            f"reused for every K), H200, TP=1, vLLM {table.vllm_version}; steady-state TPOT speedup. Mean abs error "
+            f"{mean_abs:.0%}, {within:.0%} of {len(errors)} points within 15 %; advice (K, or no speculation below "
+            f"1.05x) right at {sum(a[3] for a in advice)} of {len(advice)} batch sizes "
+            f"({'; '.join(f'batch {b}: measured {_k(m)}, predicted {_k(p)}' for b, m, p, _ in advice)}). "
+            "Nothing was fitted on these engines." + extra_text + "\n\n"
+            + markdown_table(["batch", "K", "predicted [band]", "measured", "error", "in band",
+                              "spec step ms predicted / measured"], rows))
+    return text, {"mean_abs": mean_abs, "within_15": within, "advice_right": sum(a[3] for a in advice),
+                  "advice_cases": len(advice)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(ROOT)} (never over an existing one)")
+    ap.add_argument("--score", nargs="+", type=Path, metavar="RAW", help="score the prediction against phase HS files")
+    ap.add_argument("--no-readme", action="store_true", help="with --score: print only")
     args = ap.parse_args(argv)
+    if args.score:
+        text, figures = score(args.score)
+        print(text)
+        if not args.no_readme:
+            from bench._readme import write_section
+            write_section("mtp-preregistered", text, command=".venv/bin/python bench/preregister_mtp.py --score "
+                          + " ".join(str(p) for p in args.score))
+        return 0
     names, sha = tables_sha256()
     rec = {"what": "Pre-registered speedup of Qwen3-Next-80B-A3B's shapes at 24 layers drafting with its own MTP layer "
                    "(vLLM method mtp), written before any timed engine of it ran (phase HS). Do not regenerate.",

@@ -113,6 +113,16 @@ MOE_NOTE = ("MoE: a step reads the experts its tokens route to, E(1-(1-k/E)^T) o
             "uniform coverage within 9 %); a trained router that sends a batch's "
             "tokens to fewer experts makes the plain step at batch 8-32 cheaper than printed, and speculation's gain "
             "there smaller")
+# What the one timed head drafter says of the roofline prior for EAGLE/MTP heads (step_cost_model): the prior's
+# overheads are fitted on draft_model tables, run without async scheduling, while vLLM (0.26 config/vllm.py) turns
+# async scheduling on for EAGLE/MTP methods. Measured once, pre-registered: bench/preregister_mtp.py,
+# docs/GPU_CAMPAIGN.md twelfth session.
+HEAD_PRIOR_NOTE = ("{method} drafter: the one head drafter timed (Qwen3-Next-80B-A3B's shapes at 24 layers with its MTP "
+                   "layer, H200, vLLM 0.26, pre-registered) ran faster than this prior predicted at every point, by "
+                   "12-29 % in speedup (22 % on average; batch 1 and 8 gained 1.1-1.2x where it said don't): vLLM runs "
+                   "EAGLE/MTP drafters with async scheduling, which the overheads, fitted on draft_model tables, do "
+                   "not model; read the printed speedups of a head as a lower estimate (docs/GPU_CAMPAIGN.md, twelfth "
+                   "session)")
 # GPU catalog name -> the device name vLLM writes into its fused-MoE config file names
 # (current_platform.get_device_name() with spaces as underscores; every H200 variant reads NVIDIA_H200:
 # model_executor/layers/fused_moe/fused_moe.py get_config_file_name). As the shipped file names spell them.
@@ -647,6 +657,8 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         if tp > 1 and ov.get("scaled_from_tp1"):
             notes.append(f"no vLLM {ov['vllm_version']} table at TP>1: its per-layer draft host cost at TP={tp} is "
                          f"0.26's scaled by the two versions' TP=1 ratio ({ov[HOST_TERMS[1]]:.2f} ms), not measured")
+    if table is None and d.method in ("mtp", "eagle", "eagle3"):
+        notes.append(HEAD_PRIOR_NOTE.format(method=d.method))
     if t.is_moe or d.is_moe:
         notes.append(MOE_NOTE.format(us=1000 * ov.get("moe_token_layer_ms", MOE_TOKEN_LAYER_MS)))
     untuned = untuned_moe_note(t, g, tp=tp, vllm_version=vllm_version)

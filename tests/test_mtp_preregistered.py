@@ -1,0 +1,58 @@
+"""The pre-registered MTP speedup check (issue 16, phase HS): the committed prediction is what the library
+predicts from the tables it names, the shipped raw engines score against it, and no fit sees them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import preregister_mtp  # noqa: E402
+
+RAW = [ROOT / "data" / "calibration" / "raw" / "2026-12-02" / f"{n}_gpu0.json" for n in ("HS", "HS2", "HSR", "HS4")]
+
+
+def test_prediction_was_written_before_any_mtp_table_and_is_the_library_path():
+    rec = json.loads(preregister_mtp.OUT.read_text())
+    assert not any("MTP" in name or "Qwen3-Next" in name for name in rec["calibration_tables"])
+    names, sha = preregister_mtp.tables_sha256()
+    if sha != rec["calibration_tables_sha256"]:
+        pytest.skip("calibration tables changed since the prediction was written; the file is the frozen record")
+    now = preregister_mtp.predict()
+    for b, row in rec["prediction"]["batches"].items():
+        assert now["batches"][b]["best_k"] == row["best_k"]
+        for k, pk in row["per_k"].items():
+            assert now["batches"][b]["per_k"][k]["speedup"] == pytest.approx(pk["speedup"], abs=1e-4)
+
+
+def test_the_measured_engines_score_every_pre_registered_point():
+    text, figures = preregister_mtp.score(RAW)
+    assert figures["advice_cases"] == 4
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 12  # batch 1/8/32/128 x K 1-3, each measured
+    assert 0 <= figures["within_15"] <= 1 and figures["mean_abs"] > 0
+    assert "K=4 (measured, not pre-registered)" in text
+
+
+def test_mtp_engines_enter_no_calibration_table():
+    assert not list((ROOT / "draftfit" / "data" / "calibration").glob("*Qwen3-Next*.json"))
+
+
+def test_score_refuses_files_without_the_mtp_table(tmp_path):
+    other = ROOT / "data" / "calibration" / "raw" / "2026-12-02" / "M2c_gpu0.json"
+    res = subprocess.run([sys.executable, "bench/preregister_mtp.py", "--no-readme", "--score", str(other)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode != 0 and "expected one" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_head_drafters_say_the_prior_ran_pessimistic_on_the_one_head_measured():
+    from draftfit.speedup.stepcost import step_cost_model
+
+    head = step_cost_model("Qwen3-Next-80B-A3B", "Qwen3-Next-80B-A3B-MTP", "H200", batches=(1,), k_values=(2,))
+    assert any(n.startswith("mtp drafter: the one head drafter timed") for n in head.notes)
+    pair = step_cost_model("Llama-3.1-70B", "Llama-3.2-1B", "H200", batches=(1,), k_values=(2,), tp=2)
+    assert not any("head drafter" in n for n in pair.notes)

@@ -70,7 +70,13 @@ def score(raw_paths: list[Path]) -> tuple[str, dict]:
 
     rec = json.loads(OUT.read_text())
     pred = rec["prediction"]
-    results = [r for p in raw_paths for r in engine_results_from_campaign(p)]
+    results = []
+    for p in raw_paths:
+        try:
+            results += engine_results_from_campaign(p)
+        except (OSError, ValueError, AttributeError) as exc:  # missing, unreadable, not JSON, not a lane file
+            sys.exit(f"cannot read {p} as a campaign lane file ({exc.__class__.__name__}: {exc}): pass the "
+                     "data/calibration/raw/<date>/HS*_gpu0.json files phase HS wrote")
     tables = [t for t in tables_from_results(results) if t.draft == pred["draft"]]
     if len(tables) != 1:
         sys.exit(f"expected one {pred['draft']} table in {', '.join(map(str, raw_paths))}, found {len(tables)}")

@@ -42,11 +42,16 @@ def test_mtp_engines_enter_no_calibration_table():
     assert not list((ROOT / "draftfit" / "data" / "calibration").glob("*Qwen3-Next*.json"))
 
 
-def test_score_refuses_files_without_the_mtp_table(tmp_path):
-    other = ROOT / "data" / "calibration" / "raw" / "2026-12-02" / "M2c_gpu0.json"
-    res = subprocess.run([sys.executable, "bench/preregister_mtp.py", "--no-readme", "--score", str(other)],
+@pytest.mark.parametrize("case", ["other_pair", "missing", "not_json"])
+def test_score_refuses_files_without_the_mtp_table_in_one_line(tmp_path, case):
+    path = {"other_pair": ROOT / "data" / "calibration" / "raw" / "2026-12-02" / "M2c_gpu0.json",
+            "missing": tmp_path / "nope.json", "not_json": tmp_path / "bad.json"}[case]
+    if case == "not_json":
+        path.write_text("{bad")
+    res = subprocess.run([sys.executable, "bench/preregister_mtp.py", "--no-readme", "--score", str(path)],
                          capture_output=True, text=True, cwd=ROOT)
-    assert res.returncode != 0 and "expected one" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode != 0 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert ("expected one" if case == "other_pair" else "cannot read") in res.stderr
 
 
 def test_head_drafters_say_the_prior_ran_pessimistic_on_the_one_head_measured():

@@ -61,3 +61,13 @@ def test_head_drafters_say_the_prior_ran_pessimistic_on_the_one_head_measured():
     assert any(n.startswith("mtp drafter: the one head drafter timed") for n in head.notes)
     pair = step_cost_model("Llama-3.1-70B", "Llama-3.2-1B", "H200", batches=(1,), k_values=(2,), tp=2)
     assert not any("head drafter" in n for n in pair.notes)
+
+
+def test_rank_carries_the_head_note_on_the_head_row_only():
+    res = subprocess.run([sys.executable, "-m", "draftfit", "rank", "--target", "Qwen3-Next-80B-A3B", "--gpu", "H200",
+                          "--tp", "2", "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    rows = {c["draft"]: c for c in json.loads(res.stdout)["candidates"]}
+    assert any("the one head drafter timed" in n for n in rows["Qwen3-Next-80B-A3B-MTP"]["speedup_notes"])
+    assert not any("head drafter" in n for name, c in rows.items() if name != "Qwen3-Next-80B-A3B-MTP"
+                   for n in c["speedup_notes"])

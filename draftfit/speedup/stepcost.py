@@ -117,7 +117,8 @@ MOE_NOTE = ("MoE: a step reads the experts its tokens route to, E(1-(1-k/E)^T) o
 # overheads are fitted on draft_model tables, run without async scheduling, while vLLM (0.26 config/vllm.py) turns
 # async scheduling on for EAGLE/MTP methods. Measured once, pre-registered: bench/preregister_mtp.py,
 # docs/GPU_CAMPAIGN.md twelfth session.
-HEAD_PRIOR_NOTE = ("{method} drafter: the one head drafter timed (Qwen3-Next-80B-A3B's shapes at 24 layers with its MTP "
+HEAD_PRIOR_MARK = "the one head drafter timed"  # how rank picks this note out for the row it concerns
+HEAD_PRIOR_NOTE = ("{method} drafter: " + HEAD_PRIOR_MARK + " (Qwen3-Next-80B-A3B's shapes at 24 layers with its MTP "
                    "layer, H200, vLLM 0.26, pre-registered) ran faster than this prior predicted at every point, by "
                    "12-29 % in speedup (22 % on average; batch 1 and 8 gained 1.1-1.2x where it said don't): vLLM runs "
                    "EAGLE/MTP drafters with async scheduling, which the overheads, fitted on draft_model tables, do "

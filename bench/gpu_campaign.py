@@ -88,22 +88,27 @@ def engine(target: str, draft: str | None, k: int, tp: int = 1, *, memory_only=F
     return spec
 
 
+# The H200 bundle has no flashinfer, which vLLM 0.26's default GDN prefill backend on Hopper needs once a drafter's
+# CUDA-graph profile runs the recurrent kernel (the target alone only warns): FLA's Triton kernels.
+_TRITON_GDN = {"engine_kwargs": {"gdn_prefill_backend": "triton"}}
+
+
+def _as_mtp(base: dict, target: str, k: int) -> dict:
+    """`base` (an engine of `target` alone) drafting with its own MTP layers at K (method mtp, no draft folder)."""
+    return dict(base, id=base["id"].replace("-base-", f"-mtp-k{k}-"), k=k, method="mtp", draft=f"{target}-MTP",
+                **_TRITON_GDN)
+
+
 def mtp_engine(target: str, k: int, **over) -> dict:
-    """A memory-only engine of `target` drafting with its own MTP layers (speculative method mtp, no draft folder)."""
-    e = engine(target, None, 0, memory_only=True, **over)
-    # The H200 bundle has no flashinfer, which vLLM 0.26's default GDN prefill backend on Hopper needs once a
-    # drafter's CUDA-graph profile runs the recurrent kernel (the target alone only warns): FLA's Triton kernels.
-    return dict(e, id=e["id"].replace("-base-", f"-mtp-k{k}-"), k=k, method="mtp", draft=f"{target}-MTP",
-                engine_kwargs={"gdn_prefill_backend": "triton"})
+    """A memory-only engine of `target` drafting with its own MTP layers."""
+    return _as_mtp(engine(target, None, 0, memory_only=True, **over), target, k)
 
 
 def mtp_timing_lane(target: str, ks, **over) -> list[dict]:
-    """`target` alone, then drafting with its own MTP layers at each K: timed engines (batch 1-128), every one with
-    FLA's Triton GDN prefill (mtp_engine says why), the baseline too, so both measure the same kernels."""
-    triton = {"engine_kwargs": {"gdn_prefill_backend": "triton"}}
-    base = dict(engine(target, None, 0, **over), **triton)
-    return [base] + [dict(base, id=base["id"].replace("-base-", f"-mtp-k{k}-"), k=k, method="mtp",
-                          draft=f"{target}-MTP") for k in ks]
+    """`target` alone, then drafting with its own MTP layers at each K: timed engines (batch 1-128), the baseline
+    with the same Triton GDN prefill, so both measure the same kernels."""
+    base = dict(engine(target, None, 0, **over), **_TRITON_GDN)
+    return [base] + [_as_mtp(base, target, k) for k in ks]
 
 
 def pair_lane(target: str, draft: str, ks, tp=1, **over) -> list[dict]:

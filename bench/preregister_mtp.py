@@ -18,7 +18,6 @@ docs/benchmarks.md (section mtp-preregistered).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -27,22 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from draftfit.calibration.tables import tables_digest  # noqa: E402
 from draftfit.catalog.specs import mtp_drafter, resolve_gpu, resolve_model  # noqa: E402
+from draftfit.rules import NO_SPECULATION_BELOW  # noqa: E402
 from draftfit.speedup.predict import predict_speedup  # noqa: E402
 
 TARGET_DIR = ROOT / "draftfit" / "data" / "calibration" / "configs" / "Qwen3-Next-80B-A3B-24L"
 OUT = ROOT / "draftfit" / "data" / "predictions" / "2026-12-02_Qwen3-Next-24L__MTP__H200__tp1__a0.8.json"
 KS, BATCHES, ALPHA, CONTEXT_LEN, VLLM = (1, 2, 3), (1, 8, 32, 128), 0.8, 112, "0.26.0"
-
-
-def tables_sha256() -> tuple[list[str], str]:
-    """The calibration tables the prediction came from, and one hash of them (names and bytes, sorted)."""
-    h, names = hashlib.sha256(), []
-    for p in sorted((ROOT / "draftfit" / "data" / "calibration").glob("*.json")):
-        names.append(p.name)
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return names, h.hexdigest()
 
 
 def predict() -> dict:
@@ -66,6 +57,7 @@ def _k(k: int) -> str:
 def score(raw_paths: list[Path]) -> tuple[str, dict]:
     """The committed prediction against the measured steady-state speedups: a markdown section and its figures."""
     from bench._readme import markdown_table
+    from bench.speedup import _advice_judged
     from draftfit.calibration.tables import engine_results_from_campaign, tables_from_results
 
     rec = json.loads(OUT.read_text())
@@ -92,13 +84,8 @@ def score(raw_paths: list[Path]) -> tuple[str, dict]:
             rows.append([b, k, f"{pk['speedup']:.2f} [{pk['low']:.2f}-{pk['high']:.2f}]", f"{v:.2f}", f"{err:+.0%}",
                          "yes" if pk["low"] <= v <= pk["high"] else "no",
                          f"{pk['spec_step_ms']:.1f} / {table.spec_step_ms(k, int(b)):.1f}"])
-        if measured:
-            best_m = max(measured, key=measured.get)
-            adv_m = best_m if measured[best_m] >= 1.05 else 0
-            adv_p = row["best_k"]
-            # Right when the advised option's measured TPOT is within 3 % of the best measured option (as bench/speedup.py).
-            got = measured.get(adv_p, 1.0) if adv_p else 1.0
-            advice.append((b, adv_m, adv_p, got >= 0.97 * max(1.0, measured[best_m])))
+        if measured:  # judged as bench/speedup.py judges every table's advice
+            advice.append((b, *_advice_judged(measured, {k: row["per_k"][str(k)]["speedup"] for k in measured})))
     # K measured beyond the pre-registered ones (phase HS4): shown, not scored.
     extra = sorted(int(k) for k in table.spec if str(k) not in next(iter(pred["batches"].values()))["per_k"])
     extra_text = "".join(
@@ -115,7 +102,7 @@ def score(raw_paths: list[Path]) -> tuple[str, dict]:
             f"attention, 512 experts top-10 + a shared one), drafter {pred['draft']} (vLLM method mtp, its one layer "
             f"reused for every K), H200, TP=1, vLLM {table.vllm_version}; steady-state TPOT speedup. Mean abs error "
             f"{mean_abs:.0%}, {within:.0%} of {len(errors)} points within 15 %; advice (K, or no speculation below "
-            f"1.05x) right at {sum(a[3] for a in advice)} of {len(advice)} batch sizes "
+            f"{NO_SPECULATION_BELOW}x predicted; right when its measured TPOT is within 3 % of the best option's) right at {sum(a[3] for a in advice)} of {len(advice)} batch sizes "
             f"({'; '.join(f'batch {b}: measured {_k(m)}, predicted {_k(p)}' for b, m, p, _ in advice)}). "
             "Nothing was fitted on these engines." + extra_text + "\n\n"
             + markdown_table(["batch", "K", "predicted [band]", "measured", "error", "in band",
@@ -138,7 +125,7 @@ def main(argv=None) -> int:
             write_section("mtp-preregistered", text, command=".venv/bin/python bench/preregister_mtp.py --score "
                           + " ".join(str(p) for p in args.score))
         return 0
-    names, sha = tables_sha256()
+    names, sha = tables_digest()
     rec = {"what": "Pre-registered speedup of Qwen3-Next-80B-A3B's shapes at 24 layers drafting with its own MTP layer "
                    "(vLLM method mtp), written before any timed engine of it ran (phase HS). Do not regenerate.",
            "command": ".venv/bin/python bench/preregister_mtp.py --write",

@@ -3,7 +3,6 @@ prediction for Qwen3-30B-A3B + Qwen3-0.6B committed before it was measured (issu
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from draftfit.calibration.tables import tables_digest
 from draftfit.speedup.stepcost import (expert_coverage, expert_params_per_layer, forward_ms, gpu_spec, model_spec,
                                        prior_step_cost, weight_bytes_per_rank)
 
@@ -100,14 +100,6 @@ def test_moe_target_gains_at_batch_32_and_loses_at_batch_1():
         3 * forward_ms(moe_draft, g, batch=1, tokens_per_seq=1, context_len=112)
 
 
-def _tables_sha256() -> str:
-    h = hashlib.sha256()
-    for p in sorted((ROOT / "draftfit" / "data" / "calibration").glob("*.json")):
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
 @pytest.mark.parametrize("path", PREDICTIONS, ids=lambda p: p.stem.split("__")[-1])
 def test_held_out_moe_prediction_is_committed_and_is_what_the_library_predicts(path):
     """Each pre-registration (v1, v2 after the MoE tables joined the fit, v3 after the first-pass and per-version
@@ -120,7 +112,7 @@ def test_held_out_moe_prediction_is_committed_and_is_what_the_library_predicts(p
     assert all(sorted(map(int, r["per_k"])) == [1, 2, 3, 4, 5, 6] for r in pred["batches"].values())
     # Held out: the file names no table of the MoE target (written before it was measured).
     assert not any("Qwen3-30B-A3B" in name for name in rec["calibration_tables"])
-    if rec["calibration_tables_sha256"] != _tables_sha256():
+    if rec["calibration_tables_sha256"] != tables_digest()[1]:
         pytest.skip("calibration tables changed since the prediction was written; the file is the frozen record")
     res = subprocess.run([sys.executable, "-m", "draftfit", *rec["command"].split()[1:]], capture_output=True,
                          text=True, cwd=ROOT)

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import preregister_mtp  # noqa: E402
+from draftfit.calibration.tables import tables_digest  # noqa: E402
 
 RAW = [ROOT / "data" / "calibration" / "raw" / "2026-12-02" / f"{n}_gpu0.json" for n in ("HS", "HS2", "HSR", "HS4")]
 
@@ -19,7 +20,7 @@ RAW = [ROOT / "data" / "calibration" / "raw" / "2026-12-02" / f"{n}_gpu0.json" f
 def test_prediction_was_written_before_any_mtp_table_and_is_the_library_path():
     rec = json.loads(preregister_mtp.OUT.read_text())
     assert not any("MTP" in name or "Qwen3-Next" in name for name in rec["calibration_tables"])
-    names, sha = preregister_mtp.tables_sha256()
+    names, sha = tables_digest()
     if sha != rec["calibration_tables_sha256"]:
         pytest.skip("calibration tables changed since the prediction was written; the file is the frozen record")
     now = preregister_mtp.predict()

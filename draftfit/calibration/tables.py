@@ -346,6 +346,19 @@ def gpu_key(gpu_name: str) -> str:
     return slug(name) or "unknown"
 
 
+def tables_digest(directory: Path | None = None) -> tuple[list[str], str]:
+    """The calibration tables' file names and one sha256 over their names and bytes (sorted): what a pre-registered
+    prediction records of the tables it came from, so a test can tell whether they have moved since."""
+    import hashlib
+
+    h, names = hashlib.sha256(), []
+    for path in sorted(Path(directory or CALIBRATION_DIR).glob("*.json")):
+        names.append(path.name)
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return names, h.hexdigest()
+
+
 def table_filename(target: str, draft: str, gpu: str, tp: int, acceptance: float = DEFAULT_ACCEPTANCE,
                    vllm_version: str | None = None) -> str:
     rate = "" if float(acceptance) == DEFAULT_ACCEPTANCE else f"__a{float(acceptance):g}"

@@ -658,7 +658,7 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         if tp > 1 and ov.get("scaled_from_tp1"):
             notes.append(f"no vLLM {ov['vllm_version']} table at TP>1: its per-layer draft host cost at TP={tp} is "
                          f"0.26's scaled by the two versions' TP=1 ratio ({ov[HOST_TERMS[1]]:.2f} ms), not measured")
-    if table is None and d.method in ("mtp", "eagle", "eagle3"):
+    if table is None and d.is_eagle:  # EAGLE heads and MTP layers
         notes.append(HEAD_PRIOR_NOTE.format(method=d.method))
     if t.is_moe or d.is_moe:
         notes.append(MOE_NOTE.format(us=1000 * ov.get("moe_token_layer_ms", MOE_TOKEN_LAYER_MS)))

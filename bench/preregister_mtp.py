@@ -117,6 +117,10 @@ def main(argv=None) -> int:
     ap.add_argument("--score", nargs="+", type=Path, metavar="RAW", help="score the prediction against phase HS files")
     ap.add_argument("--no-readme", action="store_true", help="with --score: print only")
     args = ap.parse_args(argv)
+    if args.no_readme and not args.score:
+        ap.error("--no-readme goes with --score (without --score nothing is written to docs/benchmarks.md)")
+    if args.score and args.write:
+        ap.error("--write and --score are separate steps: write the prediction before the engines run, score after")
     if args.score:
         text, figures = score(args.score)
         print(text)

@@ -72,3 +72,14 @@ def test_rank_carries_the_head_note_on_the_head_row_only():
     assert any("the one head drafter timed" in n for n in rows["Qwen3-Next-80B-A3B-MTP"]["speedup_notes"])
     assert not any("head drafter" in n for name, c in rows.items() if name != "Qwen3-Next-80B-A3B-MTP"
                    for n in c["speedup_notes"])
+
+
+@pytest.mark.parametrize("args", [["--write"], ["--no-readme"], ["--write", "--score", "x.json"], ["--bogus"]],
+                         ids=["write_over_existing", "no_readme_alone", "write_and_score", "unknown_option"])
+def test_preregister_refuses_nonsense_in_one_line(args):
+    # --write never rewrites the committed pre-registration; options that do nothing together are refused.
+    before = preregister_mtp.OUT.read_bytes()
+    res = subprocess.run([sys.executable, "bench/preregister_mtp.py", *args], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].split(":")[0] in ("preregister_mtp.py", str(preregister_mtp.OUT))
+    assert preregister_mtp.OUT.read_bytes() == before

@@ -35,6 +35,8 @@ Phases (the lead launches each as its own command):
   M2R      one GPU: second starts of M2's engines in one lease (5 repeats, 8192 tokens, baseline first and last);
            M2R3: third starts of its K 6, 3, 2, 5
   PM       one GPU: Qwen3-30B-A3B + Qwen3-0.6B, the held-out MoE check (predicted beforehand; never in a fit)
+  HS/HSR/HS4  one GPU: Qwen3-Next-80B-A3B's shapes at 24 layers, alone and with its MTP layer (method mtp), timed
+  HE / HER one GPU: Llama-3.1-8B alone and with an EAGLE-3 head (method eagle3, K 1-5), timed; HER: second starts
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
 """
@@ -111,6 +113,12 @@ def mtp_timing_lane(target: str, ks, **over) -> list[dict]:
     return [base] + [_as_mtp(base, target, k) for k in ks]
 
 
+def head_timing_lane(target: str, head: str, ks, method: str = "eagle3", **over) -> list[dict]:
+    """`target` alone, then drafting with an EAGLE head's folder (configs/<head>, vLLM method `method`) at each K:
+    timed engines (batch 1-128) that are KV records too."""
+    return [engine(target, None, 0, **over)] + [dict(engine(target, head, k, **over), method=method) for k in ks]
+
+
 def pair_lane(target: str, draft: str, ks, tp=1, **over) -> list[dict]:
     return [engine(target, None, 0, tp, **over)] + [engine(target, draft, k, tp, **over) for k in ks]
 
@@ -153,7 +161,7 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
     ks = [4, 2, 8, 1, 3, 6]  # priority order: the likely best K first, the extremes next
     big = dict(max_tokens=64, repeats=2)
     mx, m7, qm, q05, q30 = "Mixtral-8x7B", "Mistral-7B-v0.1", "Qwen1.5-MoE-A2.7B", "Qwen1.5-0.5B", "Qwen3-30B-A3B"
-    qn = "Qwen3-Next-80B-A3B-24L"
+    qn, e3 = "Qwen3-Next-80B-A3B-24L", "EAGLE3-Llama-3.1-8B"
     moe_ks = [2, 4, 1, 3, 6, 5]  # the issue's measured K first, then the rest of 1-6
     g9, g2, g312 = "Gemma-2-9b", "Gemma-2-2b", "Gemma-3-12b-text"
     return {
@@ -225,6 +233,13 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # starts disagreed most (K=1 at batch 8, K=3 at batch 1).
         "HS4": [("gpu0", "0", 120, mtp_timing_lane(qn, (4, 5))[1:]
                  + [dict(e, id=e["id"] + "-r3") for e in mtp_timing_lane(qn, (1, 3))[1:]])],
+        # Speedup of an EAGLE-3 head (thirteenth session): Llama-3.1-8B alone, then with a head of
+        # yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's shapes (configs/EAGLE3-Llama-3.1-8B, dummy weights) at K 1, 3, 2, 4, 5;
+        # predicted first (bench/preregister_head.py --case eagle3: speedups and every engine's KV tokens).
+        "HE": [("gpu0", "0", 120, head_timing_lane(l8, e3, (1, 3, 2, 4, 5), repeats=5))],
+        # Second starts in the same lease (ids end in -r2; pooled at scoring), baseline last to see drift.
+        "HER": [("gpu0", "0", 60, [dict(e, id=e["id"] + "-r2") for e in head_timing_lane(l8, e3, (2, 4, 1, 3), repeats=5)[1:]
+                                   + head_timing_lane(l8, e3, (), repeats=5)])],
         # The same, with an fp8 KV cache: the attention page halves, so vLLM doubles the block (the state stays
         # bf16: mamba_cache_dtype auto is the model dtype); a check of the alignment nothing was fitted on.
         "HN8": [("gpu0", "0", 150, [dict(engine(qn, None, 0, memory_only=True, util=0.85, max_model_len=8192),

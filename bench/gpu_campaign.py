@@ -37,6 +37,7 @@ Phases (the lead launches each as its own command):
   PM       one GPU: Qwen3-30B-A3B + Qwen3-0.6B, the held-out MoE check (predicted beforehand; never in a fit)
   HS/HSR/HS4  one GPU: Qwen3-Next-80B-A3B's shapes at 24 layers, alone and with its MTP layer (method mtp), timed
   HE / HER one GPU: Llama-3.1-8B alone and with an EAGLE-3 head (method eagle3, K 1-5), timed; HER: second starts
+  HQ       one GPU: Qwen3-8B alone and with an EAGLE-3 head (K 1-4): the pre-registered check of the head model
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
 """
@@ -240,6 +241,10 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # Second starts in the same lease (ids end in -r2; pooled at scoring), baseline last to see drift.
         "HER": [("gpu0", "0", 60, [dict(e, id=e["id"] + "-r2") for e in head_timing_lane(l8, e3, (2, 4, 1, 3), repeats=5)[1:]
                                    + head_timing_lane(l8, e3, (), repeats=5)])],
+        # The check of the head step model made after HE was scored (speedup.stepcost.head_on_async_runner):
+        # Qwen3-8B alone, then with a head of AngelSlim/Qwen3-8B_eagle3's shapes (configs/EAGLE3-Qwen3-8B) at
+        # K 1, 3, 2, 4; predicted first (bench/preregister_head.py --case eagle3-qwen3).
+        "HQ": [("gpu0", "0", 120, head_timing_lane("Qwen3-8B", "EAGLE3-Qwen3-8B", (1, 3, 2, 4), repeats=5))],
         # The same, with an fp8 KV cache: the attention page halves, so vLLM doubles the block (the state stays
         # bf16: mamba_cache_dtype auto is the model dtype); a check of the alignment nothing was fitted on.
         "HN8": [("gpu0", "0", 150, [dict(engine(qn, None, 0, memory_only=True, util=0.85, max_model_len=8192),

@@ -7,6 +7,9 @@ it is timed, then score the committed prediction against the engines (issue 16).
   eagle3  Llama-3.1-8B drafting with an EAGLE-3 head of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's published shapes
           (configs/EAGLE3-Llama-3.1-8B: one layer, fc fusion of three target layers, a 32000-row draft vocabulary),
           K 1-4, and the KV tokens of every engine; measured by phase HE (thirteenth session).
+  eagle3-qwen3  Qwen3-8B drafting with an EAGLE-3 head of AngelSlim/Qwen3-8B_eagle3's shapes (configs/
+          EAGLE3-Qwen3-8B), K 1-4 and the KV tokens; predicted by the head step model built after the eagle3 case was
+          scored (speedup.stepcost.head_on_async_runner), measured by phase HQ: the check of that model.
 
 Both: H200, TP=1, synthetic acceptance 0.8, batch 1/8/32/128, context 112 tokens (the campaign's 64-token prompts +
 half of its 96 new tokens), vLLM 0.26 (the version that runs on the lent H200). The prediction is the library's own
@@ -55,6 +58,8 @@ class Case:
     phase: str
     what: str  # one line on the target and drafter, for the score
     memory: bool  # whether the KV tokens of the engines are pre-registered too
+    # Why the library no longer predicts what the committed record says (a model change after it was scored), or "".
+    superseded: str = ""
 
 
 CASES = {
@@ -65,7 +70,14 @@ CASES = {
     "eagle3": Case("eagle3", CONFIGS / "Llama-3.1-8B", CONFIGS / "EAGLE3-Llama-3.1-8B", "eagle3", (1, 2, 3, 4),
                    PREDICTIONS / "2026-12-02_Llama-3.1-8B__EAGLE3__H200__tp1__a0.8.json", "HE",
                    "Llama-3.1-8B; drafter an EAGLE-3 head of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's shapes (vLLM method "
-                   "eagle3: one layer over three fused target layers, a 32000-row draft vocabulary)", True),
+                   "eagle3: one layer over three fused target layers, a 32000-row draft vocabulary)", True,
+                   superseded="scored, then the head step model changed (speedup.stepcost.head_on_async_runner: a "
+                              "head on vLLM's V2 runner pays a plain step's host overhead); eagle3-qwen3 checks it"),
+    "eagle3-qwen3": Case("eagle3-qwen3", CONFIGS / "Qwen3-8B", CONFIGS / "EAGLE3-Qwen3-8B", "eagle3", (1, 2, 3, 4),
+                         PREDICTIONS / "2026-12-02_Qwen3-8B__EAGLE3__H200__tp1__a0.8.json", "HQ",
+                         "Qwen3-8B; drafter an EAGLE-3 head of AngelSlim/Qwen3-8B_eagle3's shapes (vLLM method eagle3, "
+                         "one layer, a 32000-row draft vocabulary), predicted by the head step model made after the "
+                         "eagle3 case was scored", True),
 }
 
 

@@ -726,7 +726,7 @@ def default_batch_limits(gpu_memory_gib: float | None, tp: int = 1, entrypoint: 
     return (8192, 1024) if big else (2048, 256)
 
 
-def _model_runner(target, draft, rules: GpuAccounting | None = None) -> str:
+def model_runner(target, draft, rules: GpuAccounting | None = None) -> str:
     # VllmConfig.use_v2_model_runner: V2 for dense generate models unless a feature it lacks is on. vLLM 0.26
     # lacks `method: draft_model` (only eagle/eagle3/mtp/dflash/dspark) and MoE there; 0.33 has both.
     rules = rules or GPU_VERSION_RULES["0.26"]
@@ -930,7 +930,7 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     d_T, d_R = default_batch_limits(gpu.memory_gib, tp, entrypoint, rules=rules, gpu_name=gpu.name)
     R_seqs = max_num_seqs or d_R
     T = max_num_batched_tokens or min(d_T, R_seqs * max_model_len)
-    runner = _model_runner(target, draft, rules)
+    runner = model_runner(target, draft, rules)
 
     tw = weights_bytes_per_rank(target, tp, act_bytes, quantization)
     dw = weights_bytes_per_rank(draft, tp, act_bytes, draft_quantization) if draft is not None else {"total": 0}

@@ -37,8 +37,8 @@ from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, Po
                                          model_spec as resolve, table_vllm, tables_of_version)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
 from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer_params_of, resolve_gpu
-from draftfit.memory.plan import (attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
-                                  weights_bytes_per_rank as weights_bytes_per_rank_plan)
+from draftfit.memory.plan import (accounting, attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
+                                  model_runner, weights_bytes_per_rank as weights_bytes_per_rank_plan)
 from draftfit.launch.flags import flag_list
 from draftfit.vllm_version import modelled_version
 
@@ -113,17 +113,23 @@ MOE_NOTE = ("MoE: a step reads the experts its tokens route to, E(1-(1-k/E)^T) o
             "uniform coverage within 9 %); a trained router that sends a batch's "
             "tokens to fewer experts makes the plain step at batch 8-32 cheaper than printed, and speculation's gain "
             "there smaller")
-# What the one timed head drafter says of the roofline prior for EAGLE/MTP heads (step_cost_model): the prior's
-# overheads are fitted on draft_model tables, run without async scheduling, while vLLM (0.26 config/vllm.py) turns
-# async scheduling on for EAGLE/MTP methods. Measured once, pre-registered: bench/preregister_head.py --case mtp,
-# docs/GPU_CAMPAIGN.md twelfth session.
-HEAD_PRIOR_MARK = "the one head drafter timed"  # how rank picks this note out for the row it concerns
-HEAD_PRIOR_NOTE = ("{method} drafter: " + HEAD_PRIOR_MARK + " (Qwen3-Next-80B-A3B's shapes at 24 layers with its MTP "
-                   "layer, H200, vLLM 0.26, pre-registered) ran faster than this prior predicted at every point, by "
-                   "12-29 % in speedup (22 % on average; batch 1 and 8 gained 1.1-1.2x where it said don't): vLLM runs "
-                   "EAGLE/MTP drafters with async scheduling, which the overheads, fitted on draft_model tables, do "
-                   "not model; read the printed speedups of a head as a lower estimate (docs/GPU_CAMPAIGN.md, twelfth "
-                   "session)")
+# What the timed head drafters say of the roofline prior for EAGLE/MTP heads (step_cost_model), by the model runner
+# vLLM runs the head on (head_on_async_runner). V1 (0.26: MoE and hybrid targets): the prior's overheads are fitted on
+# draft_model tables; measured once, pre-registered (bench/preregister_head.py --case mtp, docs/GPU_CAMPAIGN.md twelfth
+# session). V2 (0.26: dense targets): a plain step's host overhead, the verify and the head's passes, no fitted term,
+# built on Llama-3.1-8B + an EAGLE-3 head (--case eagle3, thirteenth session) and checked on Qwen3-8B + an EAGLE-3
+# head pre-registered with it (--case eagle3-qwen3).
+HEAD_PRIOR_MARK = "head drafter timed"  # how rank picks these notes out for the row they concern
+HEAD_PRIOR_NOTE = ("{method} drafter on vLLM's V1 model runner: the one such " + HEAD_PRIOR_MARK + " (Qwen3-Next-80B-A3B's "
+                   "shapes at 24 layers with its MTP layer, H200, vLLM 0.26, pre-registered) ran faster than this prior "
+                   "predicted at every point, by 12-29 % in speedup (22 % on average; batch 1 and 8 gained 1.1-1.2x where "
+                   "it said don't): its overheads are fitted on draft_model tables; read the printed speedups of a head "
+                   "as a lower estimate (docs/GPU_CAMPAIGN.md, twelfth session)")
+HEAD_ASYNC_NOTE = ("{method} drafter on vLLM's V2 model runner (async scheduling, the head's passes as CUDA graphs): priced "
+                   "as a plain step's host overhead + the verify + the head's K passes, no fitted term; the model was "
+                   "built on the first EAGLE-3 " + HEAD_PRIOR_MARK + " (Llama-3.1-8B on one H200, vLLM 0.26: 15 % mean "
+                   "abs error there, but steps of over 512 tokens, batch 128 at K >= 4, ran 1.4x slower than printed) "
+                   "and checked on a second (docs/benchmarks.md, eagle3-qwen3-preregistered)")
 # GPU catalog name -> the device name vLLM writes into its fused-MoE config file names
 # (current_platform.get_device_name() with spaces as underscores; every H200 variant reads NVIDIA_H200:
 # model_executor/layers/fused_moe/fused_moe.py get_config_file_name). As the shipped file names spell them.
@@ -444,10 +450,26 @@ def draft_pass_ms(roofline_ms: float, num_layers: int, layer_ms: float) -> float
     return max(roofline_ms, num_layers * layer_ms)
 
 
+def head_on_async_runner(target, draft, vllm_version: str | None = None) -> bool:
+    """Whether `draft` is an EAGLE/MTP head that vLLM runs on its V2 model runner (memory.plan.model_runner: in
+    0.26 a dense target's; MoE and hybrid targets stay on V1 there). The V2 runner keeps the batch on the GPU and
+    schedules the next step while this one runs (async scheduling, on for EAGLE/MTP), and replays the head's passes
+    as CUDA graphs, so a speculative step pays no more host overhead than a plain one: Llama-3.1-8B + an EAGLE-3
+    head on one H200 (vLLM 0.26, phase HE) took 5.4 ms at K=1 and batch 1, 0.5 ms over its plain step, where the
+    draft_model tables' fit charges 3.3 ms of fixed speculative overhead; the MTP layer of the hybrid Qwen3-Next
+    (V1 runner) paid about that fixed cost (5.4 ms against a 2.75 ms plain step)."""
+    if not getattr(draft, "is_eagle", False):
+        return False
+    return model_runner(target, draft, accounting(vllm_version)[0]) == "v2"
+
+
 def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
-                    overheads: dict | None = None) -> StepCost:
+                    overheads: dict | None = None, vllm_version: str | None = None) -> StepCost:
+    """The roofline prior's step costs. `vllm_version` (default: the one `overheads` were fitted for) decides
+    which model runner a head drafter runs on (head_on_async_runner)."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
     hidden = first_pass_hidden(overheads)
+    async_head = head_on_async_runner(target, draft, vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM)
     base = forward_ms(target, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
         + ov["plain_ms"] + ov["plain_seq_ms"] * batch
     draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
@@ -462,13 +484,20 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
         moe_ms = _moe_ms(target, draft, batch=batch, k=k, overheads=ov)
         verify[k] = verify_roof + moe_ms + eager
         first[k] = first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp)
-        spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp), hidden,
-                                              first[k], verify_roof) \
-            + k * batch * ov["draft_seq_ms"] + ov["spec_ms"] + ov["spec_seq_ms"] * batch
+        if async_head:
+            # The head's K passes on the GPU one after another (the first over the B x (K+1) verified tokens), each
+            # at most its launch time, and the host overhead of a plain step (head_on_async_runner): no fitted term.
+            spec[k] = verify[k] + first[k] + (k - 1) * draft_pass_ms(draft_roof, draft.num_layers,
+                                                                     draft_layer_ms(ov, tp)) \
+                + ov["plain_ms"] + ov["plain_seq_ms"] * batch
+        else:
+            spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp), hidden,
+                                                  first[k], verify_roof) \
+                + k * batch * ov["draft_seq_ms"] + ov["spec_ms"] + ov["spec_seq_ms"] * batch
         host_ms, gpu_ms = draft_loop_host_and_gpu_ms(target, draft, gpu, batch=batch, k=k, tp=tp,
                                                      context_len=context_len, overheads=ov)
         band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if host_ms > gpu_ms else PRIOR_UNCERTAINTY_GPU_BOUND
-    fixed = ov["spec_ms"] + ov["spec_seq_ms"] * batch
+    fixed = ov["plain_ms"] + ov["plain_seq_ms"] * batch if async_head else ov["spec_ms"] + ov["spec_seq_ms"] * batch
     return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=draft_fwd,
                     c=draft_fwd / base, spec_overhead_ms=fixed - ov["plain_ms"] - ov["plain_seq_ms"] * batch,
                     source="roofline prior", uncertainty=max(band.values(), default=PRIOR_UNCERTAINTY_GPU_BOUND),
@@ -646,7 +675,8 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len,
                                   overheads=ov) if table else None
         if sc is None:
-            sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov)
+            sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov,
+                                 vllm_version=vllm_version)
         per_batch[b] = sc
     sources = {sc.source for sc in per_batch.values()}
     if table is None:
@@ -659,7 +689,8 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
             notes.append(f"no vLLM {ov['vllm_version']} table at TP>1: its per-layer draft host cost at TP={tp} is "
                          f"0.26's scaled by the two versions' TP=1 ratio ({ov[HOST_TERMS[1]]:.2f} ms), not measured")
     if table is None and d.is_eagle:  # EAGLE heads and MTP layers
-        notes.append(HEAD_PRIOR_NOTE.format(method=d.method))
+        note = HEAD_ASYNC_NOTE if head_on_async_runner(t, d, vllm_version or ov.get("vllm_version")) else HEAD_PRIOR_NOTE
+        notes.append(note.format(method=d.method))
     if t.is_moe or d.is_moe:
         notes.append(MOE_NOTE.format(us=1000 * ov.get("moe_token_layer_ms", MOE_TOKEN_LAYER_MS)))
     untuned = untuned_moe_note(t, g, tp=tp, vllm_version=vllm_version)

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Rebuilds, here, the four folders that carry vLLM 0.26.0 (+ the 20 small wheels of ../shared/gpu/wheels.txt) to the
-# lent H200 in four device calls instead of seven (issue 16; docs/GPU_CAMPAIGN.md "Seventh session"):
-#   DEST/x1..x4   one tar stream of the 21 wheels' site-packages content, GPU code for other than sm_90 zeroed in
-#                 vLLM's extensions (bench/vllm033/repack.py, REPACK_PROFILE=026), xz -6, parts of 50,000,000 bytes;
+# Rebuilds, here, the five folders that carry vLLM 0.26.0 (+ the 20 small wheels of ../shared/gpu/wheels.txt) to the
+# lent H200 in five device calls instead of seven (issue 16; docs/GPU_CAMPAIGN.md "Seventh session"). A call carries at
+# most 64 MiB, the working tree included (16.1 MiB on 2026-12-02), so a part is 44,000,000 bytes (CHUNK_BYTES):
+#   DEST/x1..x5   one tar stream of the 21 wheels' site-packages content, GPU code for other than sm_90 zeroed in
+#                 vLLM's extensions (bench/vllm033/repack.py, REPACK_PROFILE=026), xz -6, parts of CHUNK_BYTES;
 #                 the last folder also holds all.sha256
 # usage, from the repo root:  echo /.gpu/ >> .git/info/exclude; bench/prepare_vllm026.sh [DEST]   (~6 min on 2 cores)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 DEST=${1:-.gpu}
 XZ_THREADS=${XZ_THREADS:-2}
+CHUNK_BYTES=${CHUNK_BYTES:-44000000}
 mkdir -p "$DEST/dl" "$DEST/stream"
 grep -v '^#' "$here/../../shared/gpu/wheels.txt" > "$DEST/wheels.txt"  # ../shared beside the project folder
 while read -r req; do
@@ -23,7 +25,7 @@ n=$(ls "$DEST"/dl/*.whl | wc -l); [ "$n" -ge 21 ] || { echo "only $n wheels down
 REPACK_PROFILE=026 python3 "$here/vllm033/repack.py" "$DEST"/dl/*.whl 2> "$DEST/stream/repack.log" \
   | xz -T"$XZ_THREADS" -6 > "$DEST/stream/all.bin"
 cd "$DEST"
-rm -rf x[0-9]* split && mkdir split && (cd split && split -b 50000000 -d -a 1 ../stream/all.bin part.)
+rm -rf x[0-9]* split && mkdir split && (cd split && split -b "$CHUNK_BYTES" -d -a 1 ../stream/all.bin part.)
 i=1; for p in split/part.*; do mkdir -p "x$i"; mv "$p" "x$i/"; last=$i; i=$((i+1)); done; rmdir split
 sha256sum stream/all.bin | awk '{print $1"  all.bin"}' > "x$last/all.sha256"
 cd - >/dev/null

@@ -243,8 +243,8 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
                                    + head_timing_lane(l8, e3, (), repeats=5)])],
         # The check of the head step model made after HE was scored (speedup.stepcost.head_on_async_runner):
         # Qwen3-8B alone, then with a head of AngelSlim/Qwen3-8B_eagle3's shapes (configs/EAGLE3-Qwen3-8B) at
-        # K 1, 3, 2, 4; predicted first (bench/preregister_head.py --case eagle3-qwen3).
-        "HQ": [("gpu0", "0", 120, head_timing_lane("Qwen3-8B", "EAGLE3-Qwen3-8B", (1, 3, 2, 4), repeats=5))],
+        # K 3, 1, 2, 4; predicted first (bench/preregister_head.py --case eagle3-qwen3).
+        "HQ": [("gpu0", "0", 120, head_timing_lane("Qwen3-8B", "EAGLE3-Qwen3-8B", (3, 1, 2, 4), repeats=5))],
         # The same, with an fp8 KV cache: the attention page halves, so vLLM doubles the block (the state stays
         # bf16: mamba_cache_dtype auto is the model dtype); a check of the alignment nothing was fitted on.
         "HN8": [("gpu0", "0", 150, [dict(engine(qn, None, 0, memory_only=True, util=0.85, max_model_len=8192),

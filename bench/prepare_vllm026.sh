@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Rebuilds, here, the five folders that carry vLLM 0.26.0 (+ the 20 small wheels of ../shared/gpu/wheels.txt) to the
-# lent H200 in five device calls instead of seven (issue 16; docs/GPU_CAMPAIGN.md "Seventh session"). A call carries at
-# most 64 MiB, the working tree included (16.1 MiB on 2026-12-02), so a part is 44,000,000 bytes (CHUNK_BYTES):
-#   DEST/x1..x5   one tar stream of the 21 wheels' site-packages content, GPU code for other than sm_90 zeroed in
+# Rebuilds, here, the four folders that carry vLLM 0.26.0 (+ the 20 small wheels of ../shared/gpu/wheels.txt) to the
+# lent H200 in four device calls instead of seven (issue 16; docs/GPU_CAMPAIGN.md "Seventh session"). A call carries at
+# most 64 MiB, the working tree included (16.1 MiB on 2026-12-02), so a part is 46,800,000 bytes (CHUNK_BYTES;
+# 50,000,000 no longer fits beside the tree):
+#   DEST/x1..x4   one tar stream of the 21 wheels' site-packages content, GPU code for other than sm_90 zeroed in
 #                 vLLM's extensions (bench/vllm033/repack.py, REPACK_PROFILE=026), xz -6, parts of CHUNK_BYTES;
 #                 the last folder also holds all.sha256
 # usage, from the repo root:  echo /.gpu/ >> .git/info/exclude; bench/prepare_vllm026.sh [DEST]   (~6 min on 2 cores)
@@ -10,7 +11,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 DEST=${1:-.gpu}
 XZ_THREADS=${XZ_THREADS:-2}
-CHUNK_BYTES=${CHUNK_BYTES:-44000000}
+CHUNK_BYTES=${CHUNK_BYTES:-46800000}
 mkdir -p "$DEST/dl" "$DEST/stream"
 grep -v '^#' "$here/../../shared/gpu/wheels.txt" > "$DEST/wheels.txt"  # ../shared beside the project folder
 while read -r req; do

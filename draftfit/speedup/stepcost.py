@@ -497,9 +497,11 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
         host_ms, gpu_ms = draft_loop_host_and_gpu_ms(target, draft, gpu, batch=batch, k=k, tp=tp,
                                                      context_len=context_len, overheads=ov)
         band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if host_ms > gpu_ms else PRIOR_UNCERTAINTY_GPU_BOUND
-    fixed = ov["plain_ms"] + ov["plain_seq_ms"] * batch if async_head else ov["spec_ms"] + ov["spec_seq_ms"] * batch
+    # The fixed cost of a speculative step over a plain one: none for a head on the async runner.
+    spec_overhead = 0.0 if async_head else ov["spec_ms"] + ov["spec_seq_ms"] * batch - ov["plain_ms"] \
+        - ov["plain_seq_ms"] * batch
     return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=draft_fwd,
-                    c=draft_fwd / base, spec_overhead_ms=fixed - ov["plain_ms"] - ov["plain_seq_ms"] * batch,
+                    c=draft_fwd / base, spec_overhead_ms=spec_overhead,
                     source="roofline prior", uncertainty=max(band.values(), default=PRIOR_UNCERTAINTY_GPU_BOUND),
                     verify_ms=verify, uncertainty_by_k=band, draft_first_ms=first)
 

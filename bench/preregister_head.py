@@ -235,8 +235,10 @@ def score(case: Case, raw_paths: list[Path]) -> tuple[str, dict]:
             f"{mean_abs:.0%}, {within:.0%} of {len(errors)} points within 15 %; advice (K, or no speculation below "
             f"{NO_SPECULATION_BELOW}x predicted; right when its measured TPOT is within 3 % of the best option's) right "
             f"at {sum(a[3] for a in advice)} of {len(advice)} batch sizes "
-            f"({'; '.join(f'batch {b}: measured {_k(m)}, predicted {_k(p)}' for b, m, p, _ in advice)}). "
-            "Nothing was fitted on these engines." + extra_text + "\n\n"
+            f"({'; '.join(f'batch {b}: measured {_k(m)}, predicted {_k(p)}' for b, m, p, _ in advice)})"
+            + (f"; with one K measured ({', '.join(f'K={k}' for k in sorted(table.spec, key=int))}) the advice is "
+               "judged on speculate-or-not only. " if len(table.spec) == 1 else ". ")
+            + "Nothing was fitted on these engines." + extra_text + "\n\n"
             + markdown_table(["batch", "K", "predicted [band]", "measured", "error", "in band",
                               "spec step ms predicted / measured"], rows) + memory_text)
     figures = {"mean_abs": mean_abs, "within_15": within, "advice_right": sum(a[3] for a in advice),

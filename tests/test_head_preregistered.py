@@ -50,6 +50,22 @@ def test_the_measured_engines_score_every_pre_registered_point():
     assert "K=4 (measured, not pre-registered)" in text
 
 
+def test_the_eagle3_checks_score_on_the_shipped_engines():
+    """Phase HE (built on) and HQ (the pre-registered check, K=3 only): every measured point is scored, the memory
+    of every engine too."""
+    raw = ROOT / "data" / "calibration" / "raw" / "2026-12-02"
+    text, figures = preregister_head.score(EAGLE3, [raw / f"{n}_gpu0.json" for n in ("HE", "HE2", "HER")])
+    assert figures["advice_cases"] == 4 and figures["kv_records"] == 10
+    assert "Today's model on these engines (built on them, so not a held-out score)" in text
+    text, figures = preregister_head.score(EAGLE3_QWEN3, [raw / "HQ_gpu0.json"])
+    assert figures["kv_records"] == 2 and figures["kv_within_1"] == 2
+    assert "judged on speculate-or-not only" in text and "Today's model" not in text
+
+
+def test_head_engines_enter_no_calibration_table():
+    assert not list((ROOT / "draftfit" / "data" / "calibration").glob("*EAGLE*.json"))
+
+
 def test_mtp_engines_enter_no_calibration_table():
     assert not list((ROOT / "draftfit" / "data" / "calibration").glob("*Qwen3-Next*.json"))
 

@@ -124,7 +124,9 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
 
 
 def ingest(paths: list[str]) -> list[Path]:
-    """Write draftfit/data/reference/memory/gpu_*.json from campaign files; identical engine starts keep the first."""
+    """Write draftfit/data/reference/memory/gpu_*.json from campaign files. A case keeps its first engine start: one
+    already on file is never rewritten (records fitted the memory constants; a later start of the same engine, e.g.
+    a timed phase's baseline, would move them under the fit), nor by a second start in the same files."""
     written = []
     for raw in paths:
         doc = json.loads(Path(raw).read_text())
@@ -136,7 +138,7 @@ def ingest(paths: list[str]) -> list[Path]:
             if rec is None:
                 continue
             out = RECORDS / f"{rec['case']}.json"
-            if out in written:
+            if out in written or out.exists():
                 continue
             out.write_text(json.dumps(rec, indent=1) + "\n")
             written.append(out)
@@ -219,7 +221,12 @@ def main() -> None:
             "of a linear-attention layer (cg_per_graph_mib_per_linear_layer); the fp8-KV record was "
             "pre-registered after that (2026-12-02_hybrid_gdn_memory_kvfp8__H200.json: +0.60 %). The same shapes' timed "
             "engines of the twelfth session (phase HS: alone and with MTP K 1-4 at 2048 tokens, 128 sequences) "
-            "are records too, fitted on nothing.\n\n"
+            "are records too, fitted on nothing. So are the EAGLE-3 head records of the thirteenth session "
+            "(Llama-3.1-8B + a head of yuhuili's shapes K 1-5, Qwen3-8B + a head of AngelSlim's shapes K 3; phases HE "
+            "and HQ), pre-registered with their speedups (draftfit/data/predictions/2026-12-02_*__EAGLE3__*.json; "
+            "scored there: 12 of 12 within 1 %); after they were seen two terms were added, both read off vLLM "
+            "0.26's source with no constant fitted: under dummy weights a head drafts with the target's lm_head, and "
+            "an EAGLE-3 head's dummy run keeps the three target hidden states it fuses.\n\n"
             + markdown_table(["case", "models", "where", "layout", "vLLM KV tokens", "draftfit", "error",
                               "weights-only (error)", "source"], rows())
             + "\n\nPer term on the GPU records, GiB, draftfit / vLLM (`Actual usage is W for weight, A for peak "

@@ -166,3 +166,20 @@ def test_heads_on_the_v2_runner_pay_a_plain_steps_overhead_and_the_rest_keep_the
     assert sc.base_step_ms < sc.spec_step_ms[1] < sc.base_step_ms + 1.0 < sc.spec_step_ms[4]
     notes = step_cost_model("Llama-3.1-8B", "EAGLE3-Llama-3.1-8B", "H200", batches=(1,), k_values=(2,)).notes
     assert any(n == HEAD_ASYNC_NOTE.format(method="eagle3") for n in notes)
+
+
+def test_dummy_weights_leave_an_eagle3_head_without_its_own_lm_head():
+    """vLLM 0.26 keeps a head's lm_head only when load_weights saw one; the campaign's dummy engines load nothing, so
+    the head drafts with the target's lm_head: 15.55 GiB loaded for Llama-3.1-8B + its EAGLE-3 head (HE logs)."""
+    from draftfit.catalog.specs import resolve_gpu, resolve_model
+    from draftfit.memory.plan import plan_memory
+
+    l8, e3 = resolve_model("Llama-3.1-8B", allow_hub=False), resolve_model("EAGLE3-Llama-3.1-8B", allow_hub=False)
+    kw = dict(tp=1, util=0.85, max_model_len=2048, max_num_seqs=128, num_speculative_tokens=3, entrypoint="llm",
+              vllm_version="0.26.0")
+    served = plan_memory(l8, e3, resolve_gpu("H200"), **kw)
+    dummy = plan_memory(l8, e3, resolve_gpu("H200"), load_format="dummy", **kw)
+    lm_head_gib = 32000 * 4096 * 2 / 2**30
+    assert served.draft_weights_gib - dummy.draft_weights_gib == pytest.approx(lm_head_gib, abs=0.005)
+    assert dummy.weights_gib == pytest.approx(15.55, abs=0.02)
+    assert dummy.kv_tokens > served.kv_tokens

@@ -520,12 +520,14 @@ def _rotary_buffer_bytes(spec, act_bytes: int, max_position: int | None = None) 
 
 
 def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "none",
-                           max_position: int | None = None) -> dict:
-    """Bytes of parameters (and load-time buffers) on one TP rank, as vLLM allocates them."""
+                           max_position: int | None = None, load_format: str = "auto") -> dict:
+    """Bytes of parameters (and load-time buffers) on one TP rank, as vLLM allocates them. `load_format` matters
+    for an EAGLE head only (_head_weights_bytes_per_rank: dummy weights share the target's lm_head)."""
     linear_bpp = linear_bytes_per_param(spec, act_bytes, quantization)
     attn_bpp = attention_bytes_per_param(spec, act_bytes, quantization)
     if _spec_get(spec, "is_eagle", False):
-        return _head_weights_bytes_per_rank(spec, tp, act_bytes, linear_bpp, max_position)
+        return _head_weights_bytes_per_rank(spec, tp, act_bytes, linear_bpp, max_position,
+                                            own_lm_head=load_format != "dummy")
     if _spec_get(spec, "kv_lora_rank", 0):
         # MLA models (DeepSeek-V3/R1): low-rank q/kv projections and dense-then-MoE layers that the shape fields
         # do not describe; the published parameter count, split over TP, is within a few % of vLLM's shards.
@@ -581,7 +583,8 @@ def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "n
     return out
 
 
-def _head_weights_bytes_per_rank(spec, tp: int, act_bytes: int, linear_bpp: float, max_position) -> dict:
+def _head_weights_bytes_per_rank(spec, tp: int, act_bytes: int, linear_bpp: float, max_position,
+                                 own_lm_head: bool = True) -> dict:
     """A head that drafts from the target's hidden states, as vLLM builds it.
 
     EAGLE-3 (model_executor/models/llama_eagle3.py): the first decoder layer's qkv_proj reads the embedding
@@ -589,7 +592,11 @@ def _head_weights_bytes_per_rank(spec, tp: int, act_bytes: int, linear_bpp: floa
     (3 x target_hidden_size -> hidden, a ReplicatedLinear: whole on every rank); lm_head has draft_vocab_size
     rows, with d2t (int64) and t2d (bool) maps. The proposer shares the target's embedding when the widths
     match (v1/spec_decode/llm_base_proposer.py _maybe_share_embeddings) and frees the head's own; a narrower
-    head keeps its own.
+    head keeps its own. The lm_head stays the head's own only when its checkpoint loads one: the proposer
+    (_maybe_share_lm_head) keeps it where load_weights saw an lm_head (models/utils.py process_eagle_weight sets
+    has_own_lm_head), so under load_format=dummy, which loads nothing, the head drafts with the target's lm_head
+    (its logits cut to draft_vocab_size columns) and holds none of its own (`own_lm_head` False): Llama-3.1-8B + an
+    EAGLE-3 head loaded 15.55 GiB under dummy weights, 0.24 GiB (its 32000 x 4096 lm_head) under its layers' size.
     MTP (method mtp): the target's own next-token layers, one decoder layer each plus eh_proj (2 x hidden ->
     hidden); embedding and lm_head are shared with the target."""
     h, L = spec.hidden_size, spec.num_layers
@@ -608,7 +615,7 @@ def _head_weights_bytes_per_rank(spec, tp: int, act_bytes: int, linear_bpp: floa
         target_h = _spec_get(spec, "target_hidden_size", 0) or h
         fc = 3 * target_h * h
         draft_vocab = _spec_get(spec, "draft_vocab_size", 0) or spec.vocab_size
-        out["lm_head"] = padded_vocab(draft_vocab) // tp * h * act_bytes
+        out["lm_head"] = padded_vocab(draft_vocab) // tp * h * act_bytes if own_lm_head else 0
         # Own embedding only when it cannot be the target's (another width).
         out["embedding"] = (padded_vocab(spec.vocab_size) // tp * h * act_bytes) if target_h != h else 0
         maps = draft_vocab * 8 + spec.vocab_size  # d2t int64, t2d bool
@@ -823,8 +830,12 @@ def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec)
     workspace = max(moe_workspace_bytes(target, tp, act_bytes, T),
                     moe_workspace_bytes(draft, tp, act_bytes, T) if draft is not None else 0)
     target_fwd = fwd(target)
-    # The drafter's dummy run follows the target's, with the target's hidden states still alive.
-    draft_fwd = (T * target.hidden_size * act_bytes + fwd(draft)) if draft is not None else 0
+    # The drafter's dummy run follows the target's, with the target's hidden states still alive; an EAGLE-3 head's
+    # with the three auxiliary hidden states it fuses (models/llama_eagle3.py combine_hidden_states: the target
+    # returns them beside its output, 3 x (T, target hidden)). [est] from the source; the phase HE/HQ records show
+    # the head adding 0.44-0.54 (Llama-3.1-8B) and 0.91 GiB (Qwen3-8B) of peak where 0.12-0.13 was modelled without.
+    kept = 4 if _spec_get(draft, "method", "") == "eagle3" else 1
+    draft_fwd = (kept * T * target.hidden_size * act_bytes + fwd(draft)) if draft is not None else 0
     if runner == "v1":
         per_logit = c["sampler_bytes_per_logit_v1_spec" if num_spec else "sampler_bytes_per_logit_v1"]
     else:
@@ -882,10 +893,14 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                 num_speculative_tokens: int = 0, block_size: int = GPU_BLOCK_SIZE, entrypoint: str = "serve",
                 draft_quantization: str = "none", strict: bool = True, _explore: bool = True,
-                disable_hybrid_kv_cache_manager: bool = False, vllm_version: str | None = None) -> MemoryPlan:
+                disable_hybrid_kv_cache_manager: bool = False, vllm_version: str | None = None,
+                load_format: str = "auto") -> MemoryPlan:
     """KV cache and fit of `target` (+ `draft`, method draft_model) on `gpu` at TP `tp`, per the accounting
     of `vllm_version` (the nearest modelled version at or below it, GPU_VERSION_RULES; None: an installed GPU
     vLLM, else the newest modelled, as build_layout resolves it).
+
+    `load_format`: "dummy" for an engine of dummy weights (the campaign's; an EAGLE head then drafts with the
+    target's lm_head and holds none of its own: _head_weights_bytes_per_rank).
 
     `gpu=None` is the CPU backend (see plan_memory_cpu). max_num_seqs / max_num_batched_tokens default
     to vLLM's own defaults for the entry point ('serve' = `vllm serve`, 'llm' = the offline LLM class).
@@ -933,7 +948,8 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     runner = model_runner(target, draft, rules)
 
     tw = weights_bytes_per_rank(target, tp, act_bytes, quantization)
-    dw = weights_bytes_per_rank(draft, tp, act_bytes, draft_quantization) if draft is not None else {"total": 0}
+    dw = weights_bytes_per_rank(draft, tp, act_bytes, draft_quantization, load_format=load_format) \
+        if draft is not None else {"total": 0}
     weights = tw["total"] + dw["total"]
     requested = math.ceil(gpu.memory_gib * GIB * util)
     R = min(T, R_seqs)
@@ -1349,6 +1365,7 @@ def predict_record(record: dict) -> MemoryPlan:
                        num_speculative_tokens=record.get("num_speculative_tokens", 0),
                        entrypoint=record.get("entrypoint", "llm"), strict=False,
                        vllm_version=record.get("vllm_version") or VLLM_GPU_VERSION,
+                       load_format=record.get("load_format", "auto"),
                        disable_hybrid_kv_cache_manager=bool(
                            record.get("disable_hybrid_kv_cache_manager")
                            or (record.get("engine_kwargs") or {}).get("disable_hybrid_kv_cache_manager")))

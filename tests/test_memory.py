@@ -339,3 +339,18 @@ def test_attention_phase_never_changes_a_dense_catalog_forward():
     for m in dense:
         assert C["fwd_intermediate_copies"] * m.intermediate_size > \
             C["fwd_attn_q_copies"] * m.num_attention_heads * m.head_dim, m.name
+
+
+def test_ingest_never_rewrites_a_record_on_file(tmp_path, monkeypatch):
+    """A second start of an engine already on file (a timed phase's baseline) leaves the first record alone: the
+    memory constants were fitted on the first."""
+    from bench import memory as bench_memory
+
+    monkeypatch.setattr(bench_memory, "RECORDS", tmp_path)
+    raw = Path(__file__).resolve().parent.parent / "data" / "calibration" / "raw" / "2026-12-02"
+    first = bench_memory.ingest([str(raw / "HE_gpu0.json")])
+    assert first and all(p.parent == tmp_path for p in first)
+    before = {p.name: p.read_bytes() for p in first}
+    again = bench_memory.ingest([str(raw / "HER_gpu0.json"), str(raw / "HE_gpu0.json")])
+    assert not {p.name for p in again} & set(before)  # the -r2 starts of those cases are not written
+    assert {p.name: p.read_bytes() for p in first} == before

@@ -239,7 +239,8 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # predicted first (bench/preregister_head.py --case eagle3: speedups and every engine's KV tokens).
         "HE": [("gpu0", "0", 120, head_timing_lane(l8, e3, (1, 3, 2, 4, 5), repeats=5))],
         # Second starts in the same lease (ids end in -r2; pooled at scoring), baseline last to see drift.
-        "HER": [("gpu0", "0", 60, [dict(e, id=e["id"] + "-r2") for e in head_timing_lane(l8, e3, (2, 4, 1, 3), repeats=5)[1:]
+        "HER": [("gpu0", "0", 60, [dict(e, id=e["id"] + "-r2")
+                                   for e in head_timing_lane(l8, e3, (2, 4, 1, 3), repeats=5)[1:]
                                    + head_timing_lane(l8, e3, (), repeats=5)])],
         # The check of the head step model made after HE was scored (speedup.stepcost.head_on_async_runner):
         # Qwen3-8B alone, then with a head of AngelSlim/Qwen3-8B_eagle3's shapes (configs/EAGLE3-Qwen3-8B) at

@@ -169,26 +169,30 @@ def _score_memory(case: Case, raw_paths: list[Path], predicted: list[dict]) -> t
     return text, errors
 
 
-def _speedup_errors(pred: dict, table) -> dict:
-    """A prediction (predict's dict) against a measured table: mean abs error, points within 15 %, advice right."""
+def _judge(pred: dict, table) -> tuple[list, list]:
+    """A prediction (predict's dict) against a measured table, as bench/speedup.py judges every table: the scored
+    points [(batch, K, predicted entry, measured speedup)] and the advice per batch [(batch, measured option,
+    predicted option, right)]."""
     from bench.speedup import _advice_judged
 
-    errors, right, cases = [], 0, 0
+    points, advice = [], []
     for b, row in pred["batches"].items():
         measured = {int(k): table.speedup(int(k), int(b)) for k in row["per_k"]}
         measured = {k: v for k, v in measured.items() if v is not None}
-        errors += [row["per_k"][str(k)]["speedup"] / v - 1 for k, v in measured.items()]
+        points += [(b, k, row["per_k"][str(k)], v) for k, v in sorted(measured.items())]
         if measured:
-            cases += 1
-            right += _advice_judged(measured, {k: row["per_k"][str(k)]["speedup"] for k in measured})[2]
-    return {"mean_abs": sum(map(abs, errors)) / len(errors), "within": sum(abs(e) <= 0.15 for e in errors),
-            "n": len(errors), "advice_right": right, "advice_cases": cases}
+            advice.append((b, *_advice_judged(measured, {k: row["per_k"][str(k)]["speedup"] for k in measured})))
+    return points, advice
+
+
+def _error(point) -> float:
+    _, _, pk, measured = point
+    return pk["speedup"] / measured - 1
 
 
 def score(case: Case, raw_paths: list[Path]) -> tuple[str, dict]:
     """The committed prediction against the measured steady-state speedups: a markdown section and its figures."""
     from bench._readme import markdown_table
-    from bench.speedup import _advice_judged
     from draftfit.calibration.tables import tables_from_results
 
     rec = json.loads(case.out.read_text())
@@ -197,19 +201,13 @@ def score(case: Case, raw_paths: list[Path]) -> tuple[str, dict]:
     if len(tables) != 1:
         sys.exit(f"expected one {pred['draft']} table in {', '.join(map(str, raw_paths))}, found {len(tables)}")
     table = tables[0]
-    rows, errors, advice = [], [], []
-    for b, row in pred["batches"].items():
-        measured = {int(k): table.speedup(int(k), int(b)) for k in row["per_k"]}
-        measured = {k: v for k, v in measured.items() if v is not None}
-        for k, v in sorted(measured.items()):
-            pk = row["per_k"][str(k)]
-            err = pk["speedup"] / v - 1
-            errors.append(err)
-            rows.append([b, k, f"{pk['speedup']:.2f} [{pk['low']:.2f}-{pk['high']:.2f}]", f"{v:.2f}", f"{err:+.0%}",
-                         "yes" if pk["low"] <= v <= pk["high"] else "no",
-                         f"{pk['spec_step_ms']:.1f} / {table.spec_step_ms(k, int(b)):.1f}"])
-        if measured:  # judged as bench/speedup.py judges every table's advice
-            advice.append((b, *_advice_judged(measured, {k: row["per_k"][str(k)]["speedup"] for k in measured})))
+    points, advice = _judge(pred, table)
+    errors = [_error(pt) for pt in points]
+    rows = []
+    for (b, k, pk, v), err in zip(points, errors):
+        rows.append([b, k, f"{pk['speedup']:.2f} [{pk['low']:.2f}-{pk['high']:.2f}]", f"{v:.2f}", f"{err:+.0%}",
+                     "yes" if pk["low"] <= v <= pk["high"] else "no",
+                     f"{pk['spec_step_ms']:.1f} / {table.spec_step_ms(k, int(b)):.1f}"])
     if not errors:
         sys.exit(f"no timed engine in {', '.join(map(str, raw_paths))} measured a pre-registered K "
                  f"({', '.join(map(str, case.ks))})")
@@ -224,10 +222,12 @@ def score(case: Case, raw_paths: list[Path]) -> tuple[str, dict]:
     within = sum(abs(e) <= 0.15 for e in errors) / len(errors)
     memory_text, memory_errors = _score_memory(case, raw_paths, rec.get("memory") or [])
     if case.superseded:  # today's library on the same engines: not a held-out score, it was built on them
-        now = _speedup_errors(predict(case), table)
+        now_points, now_advice = _judge(predict(case), table)
+        now = [_error(pt) for pt in now_points]
         extra_text += (f" Since then {case.superseded}. Today's model on these engines (built on them, so not a "
-                       f"held-out score): mean abs error {now['mean_abs']:.0%}, {now['within']} of {now['n']} within "
-                       f"15 %, advice right at {now['advice_right']} of {now['advice_cases']} batch sizes.")
+                       f"held-out score): mean abs error {sum(map(abs, now)) / len(now):.0%}, "
+                       f"{sum(abs(e) <= 0.15 for e in now)} of {len(now)} within 15 %, advice right at "
+                       f"{sum(a[3] for a in now_advice)} of {len(now_advice)} batch sizes.")
     text = (f"Pre-registered in `{case.out.relative_to(ROOT)}` ({rec['created_utc']} UTC, committed before phase "
             f"{case.phase} ran; `{rec['command']}`), measured by `{rec['measured_by']}`; raw files "
             f"{', '.join(str(Path(p).relative_to(ROOT)) if Path(p).is_absolute() else str(p) for p in raw_paths)}. "

@@ -674,13 +674,15 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         # (bench/speedup.py). Otherwise another version's table stands in and the band is widened below.
         tables = own
     table = PooledSteps(tables) if tables else None
+    # Which vLLM's runner rules a head drafter follows (head_on_async_runner): the one asked for, else the overheads'.
+    runner_version = vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM
     per_batch, notes = {}, []
     for b in batches:
         sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len,
                                   overheads=ov) if table else None
         if sc is None:
             sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov,
-                                 vllm_version=vllm_version)
+                                 vllm_version=runner_version)
         per_batch[b] = sc
     sources = {sc.source for sc in per_batch.values()}
     if table is None:
@@ -693,7 +695,7 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
             notes.append(f"no vLLM {ov['vllm_version']} table at TP>1: its per-layer draft host cost at TP={tp} is "
                          f"0.26's scaled by the two versions' TP=1 ratio ({ov[HOST_TERMS[1]]:.2f} ms), not measured")
     if table is None and d.is_eagle:  # EAGLE heads and MTP layers
-        note = HEAD_ASYNC_NOTE if head_on_async_runner(t, d, vllm_version or ov.get("vllm_version")) else HEAD_PRIOR_NOTE
+        note = HEAD_ASYNC_NOTE if head_on_async_runner(t, d, runner_version) else HEAD_PRIOR_NOTE
         notes.append(note.format(method=d.method))
     if t.is_moe or d.is_moe:
         notes.append(MOE_NOTE.format(us=1000 * ov.get("moe_token_layer_ms", MOE_TOKEN_LAYER_MS)))

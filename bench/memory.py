@@ -226,7 +226,9 @@ def main() -> None:
             "and HQ), pre-registered with their speedups (draftfit/data/predictions/2026-12-02_*__EAGLE3__*.json; "
             "scored there: 12 of 12 within 1 %); after they were seen two terms were added, both read off vLLM "
             "0.26's source with no constant fitted: under dummy weights a head drafts with the target's lm_head, and "
-            "an EAGLE-3 head's dummy run keeps the three target hidden states it fuses.\n\n"
+            "an EAGLE-3 head's dummy run keeps the three target hidden states it fuses. The Qwen3-8B head's K 1, 2 "
+            "and 4 records (fourteenth session, the rest of phase HQ) came after both terms and are fitted on "
+            "nothing.\n\n"
             + markdown_table(["case", "models", "where", "layout", "vLLM KV tokens", "draftfit", "error",
                               "weights-only (error)", "source"], rows())
             + "\n\nPer term on the GPU records, GiB, draftfit / vLLM (`Actual usage is W for weight, A for peak "

@@ -51,8 +51,8 @@ def test_the_measured_engines_score_every_pre_registered_point():
 
 
 def test_the_eagle3_checks_score_on_the_shipped_engines():
-    """Phase HE (built on) and HQ (the pre-registered check, K=3 only): every measured point is scored, the memory
-    of every engine too."""
+    """Phase HE (built on) and HQ (the pre-registered check: K=3 in the thirteenth session, K 1, 2, 4 and the
+    baseline again in HQ2): every measured point is scored, the memory of every engine too."""
     raw = ROOT / "data" / "calibration" / "raw" / "2026-12-02"
     text, figures = preregister_head.score(EAGLE3, [raw / f"{n}_gpu0.json" for n in ("HE", "HE2", "HER")])
     assert figures["advice_cases"] == 4 and figures["kv_records"] == 10
@@ -60,6 +60,12 @@ def test_the_eagle3_checks_score_on_the_shipped_engines():
     text, figures = preregister_head.score(EAGLE3_QWEN3, [raw / "HQ_gpu0.json"])
     assert figures["kv_records"] == 2 and figures["kv_within_1"] == 2
     assert "judged on speculate-or-not only" in text and "Today's model" not in text
+    text, figures = preregister_head.score(EAGLE3_QWEN3, [raw / "HQ_gpu0.json", raw / "HQ2_gpu0.json"])
+    assert figures["kv_records"] == 6 and figures["advice_cases"] == 4
+    assert "judged on speculate-or-not only" not in text  # K 1-4 measured: best K is judged
+    speedup_rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()
+                    and line.count("|") == 8]  # batch | K | predicted | measured | error | in band | steps
+    assert len(speedup_rows) == 16
 
 
 def test_head_engines_enter_no_calibration_table():

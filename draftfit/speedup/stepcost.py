@@ -129,9 +129,9 @@ HEAD_ASYNC_NOTE = ("{method} drafter on vLLM's V2 model runner (async scheduling
                    "as a plain step's host overhead + the verify + the head's K passes, no fitted term; the model was "
                    "built on the first EAGLE-3 " + HEAD_PRIOR_MARK + " (Llama-3.1-8B on one H200, vLLM 0.26: 15 % mean "
                    "abs error there, but steps of over 512 tokens, batch 128 at K >= 4, ran 1.4x slower than printed) "
-                   "and checked, pre-registered, on a second (Qwen3-8B + an EAGLE-3 head, K=3 only: 13 % mean abs "
-                   "error, 3 of 4 batch sizes within 15 %, all four inside the band; docs/benchmarks.md, "
-                   "eagle3-qwen3-preregistered)")
+                   "and checked, pre-registered, on a second (Qwen3-8B + an EAGLE-3 head, K 1-4 at batch 1-128: 10 % "
+                   "mean abs error, 13 of 16 points within 15 %, best K right at 4 of 4 batch sizes; "
+                   "docs/benchmarks.md, eagle3-qwen3-preregistered)")
 # GPU catalog name -> the device name vLLM writes into its fused-MoE config file names
 # (current_platform.get_device_name() with spaces as underscores; every H200 variant reads NVIDIA_H200:
 # model_executor/layers/fused_moe/fused_moe.py get_config_file_name). As the shipped file names spell them.

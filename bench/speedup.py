@@ -459,6 +459,8 @@ def preregistered(tables, folder: Path = PREDICTIONS) -> list[dict]:
         rec = json.loads(path.read_text())
         if "prediction" not in rec:  # a memory pre-registration (e.g. the sliding-window one): not a speedup
             continue
+        if "bench/preregister_" in rec.get("command", ""):  # a head drafter's: no table, scored by preregister_head
+            continue
         pred = rec["prediction"]
         alpha = pred.get("alpha")
         table = next((t for t in tables if (t.target, t.draft, t.gpu, t.tp) == (pred["target"], pred["draft"],

@@ -14,7 +14,8 @@ Two sources, the better one wins:
   the K-1 further passes the larger of its roofline and its host time (a cost per draft layer: the drafter
   replays piecewise CUDA graphs with attention in between, and the GPU runs while the host launches), and every
   pass a cost per sequence; and when batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify
-  and the draft's first pass run eager, a cost per layer; an MoE layer adds a cost per token for the B x K
+  and the draft's first pass run eager, each the longer of its GPU work and the host's launch time (measured per
+  layer kind, EAGER_HOST_LAYER_MS); an MoE layer adds a cost per token for the B x K
   tokens the step adds (MOE_TOKEN_LAYER_MS). The constants below are priors; `fitted_overheads` refits them
   from the calibration tables (calibration_points is the one loop over measured points that fitting, the
   learned correction and bench/speedup.py share).
@@ -74,10 +75,20 @@ DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, nex
 # (bench/suffix_replay.py, docs/benchmarks.md suffix-replay), under the DRAFT_SEQ_MS x K already charged; no
 # published figure says more, so a separate constant would rest on nothing.
 # A verify of batch x (K+1) tokens above vLLM's largest captured CUDA graph (512 tokens by default with a
-# draft) runs without a graph: a per-layer penalty (seen: Llama-3.1-8B K=4 at batch 128). The draft's first
-# pass reads the same batch x (K+1) tokens, so its layers pay it too.
+# draft) runs without a graph (seen: Llama-3.1-8B K=4 at batch 128). The draft's first pass reads the same
+# batch x (K+1) tokens, so it does too.
 CUDAGRAPH_MAX_TOKENS = 512
-EAGER_LAYER_MS = 0.4
+# Without a CUDA graph, torch.compile's code launches every kernel of a layer from Python, and the GPU runs while the
+# host launches, so a forward pass over more tokens than CUDAGRAPH_MAX_TOKENS costs max(its GPU time, the host's
+# launch time), the larger. The host time per layer, by what the layer's MLP is, on vLLM 0.26's V1 model runner (the one
+# draft_model pairs run on) with torch.compile on: measured as a plain decode step at batch 1 with cudagraph_mode NONE
+# (every layer launched eagerly), less the graphed step's host overhead (graphed step - its roofline), over the layers
+# (one H200 host, phase GX/GX3, data/calibration/raw/2026-12-03/GX*_gpu0.json; eager_host_constants() derives them and
+# a test holds them to the files). dense: Llama-3.1-8B (32 layers, 18.0 ms a step); moe: Mixtral-8x7B's routed experts
+# (37.6 ms); moe_shared: Qwen1.5-MoE-A2.7B, routed experts beside a shared expert (65.6 ms for 24 layers: vLLM's
+# FusedMoE runs the shared expert through its own runner). Which of Qwen1.5-MoE's traits (the shared expert, 60
+# experts) costs the extra was not separated; the rule goes by the shared expert.
+EAGER_HOST_LAYER_MS = {"dense": 0.53, "moe": 1.13, "moe_shared": 2.68}
 # An MoE layer's work beyond its roofline for every token a speculative step adds to it: the verify runs B x (K+1)
 # tokens where the plain step ran B, and so does the draft's first pass. Measured on the H200 (vLLM 0.26, Triton
 # fused_moe, bf16): the MoE targets' steps at batch 32-128 rose with B x K far above the roofline of reading the
@@ -143,10 +154,10 @@ UNTUNED_MOE_NOTE = (
     "vLLM {version} ships no tuned fused-MoE kernel config {name} for {target} on {gpu} at TP={tp}: it runs its "
     "default one (its log says 'Using default MoE config. Performance might be sub-optimal!'). The one such "
     "target measured, Qwen1.5-MoE-A2.7B on the H200 (E=60,N=1408; its table: draftfit calibrate --show "
-    "Qwen1.5-MoE-A2.7B), took 87-126 ms for steps of batch 128 at K 4-6, whose tokens miss the CUDA graphs: 1.8-2.5x its "
-    "K=3 step, where the tuned Mixtral-8x7B's are 1.4-1.9x, and far above this model's 51-67 ms; the printed "
-    "speedups there are likely too high. A config tuned for the server (vLLM's benchmarks/kernels/"
-    "benchmark_moe.py --tune, then VLLM_TUNED_CONFIG_FOLDER) removes the doubt")
+    "Qwen1.5-MoE-A2.7B), ran plain steps of 256-768 tokens within 10 % of this model, which has no default-config "
+    "penalty, while at batch 128 and K 2-3 (384-512 graphed tokens) this model's speedups, fitted without its "
+    "table, were 22-40 % above the measured ones; the printed speedups there may be too high. A config tuned for "
+    "the server (vLLM's benchmarks/kernels/benchmark_moe.py --tune, then VLLM_TUNED_CONFIG_FOLDER) removes the doubt")
 
 
 def moe_kernel_config(spec, gpu, *, tp: int, vllm_version: str | None = None) -> tuple[str, bool] | None:
@@ -325,7 +336,9 @@ class StepCost:
     uncertainty: float  # relative
     verify_ms: dict = field(default_factory=dict)  # K -> target verify of K+1 tokens/seq (prior only)
     uncertainty_by_k: dict = field(default_factory=dict)  # K -> relative band where it differs by K (prior)
-    draft_first_ms: dict = field(default_factory=dict)  # K -> roofline of the draft's first pass (prior only)
+    draft_first_ms: dict = field(default_factory=dict)  # K -> the draft's first pass (prior only; eager_forward_ms)
+    verify_gpu_ms: dict = field(default_factory=dict)  # K -> the verify's GPU work: roofline + MoE per-token work
+    verify_host_ms: dict = field(default_factory=dict)  # K -> the verify's eager launch time, 0 when graphed
 
     def band(self, k: int) -> float:
         return self.uncertainty_by_k.get(k, self.uncertainty)
@@ -349,17 +362,63 @@ class StepCostModel:
 PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "plain_seq_ms": PLAIN_SEQ_MS,
                    "spec_ms": SPEC_STEP_OVERHEAD_MS, "spec_seq_ms": SPEC_SEQ_MS, "draft_layer_ms": DRAFT_LAYER_MS,
                    "draft_layer_mp_ms": DRAFT_LAYER_MP_MS,
-                   "draft_seq_ms": DRAFT_SEQ_MS, "eager_layer_ms": EAGER_LAYER_MS,
+                   "draft_seq_ms": DRAFT_SEQ_MS,
                    "moe_token_layer_ms": MOE_TOKEN_LAYER_MS}
 # The speculative step's terms that enter linearly, in the order of overhead_features(); the two per-layer
 # host costs (HOST_TERMS) sit inside a max() (draft_pass_ms), which _fit_spec_terms handles.
-SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_seq_ms", "eager_layer_ms", "moe_token_layer_ms")
+SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_seq_ms", "moe_token_layer_ms")
 HOST_TERMS = ("draft_layer_ms", "draft_layer_mp_ms")  # per draft layer at TP=1 / TP>1
 ZERO_OVERHEADS = {k: 0.0 for k in PRIOR_OVERHEADS}
 
 
 def graph_miss(batch: int, k: int) -> bool:
     return batch * (k + 1) > CUDAGRAPH_MAX_TOKENS
+
+
+def eager_host_ms(spec) -> float:
+    """The host's time to launch one forward pass of `spec` without CUDA graphs (EAGER_HOST_LAYER_MS per layer)."""
+    moe_kind = "moe_shared" if getattr(spec, "shared_expert_intermediate_size", 0) else "moe"
+    moe = spec.moe_layers
+    return moe * EAGER_HOST_LAYER_MS[moe_kind] + (spec.num_layers - moe) * EAGER_HOST_LAYER_MS["dense"]
+
+
+def eager_forward_ms(spec, gpu_ms: float) -> float:
+    """A forward pass that misses the CUDA graphs: the GPU runs while the host launches, the longer of the two sets
+    it (eager_host_ms)."""
+    return max(gpu_ms, eager_host_ms(spec))
+
+
+def plain_step_ms(spec, gpu, *, batch: int, context_len: int, tp: int = 1, overheads: dict | None = None,
+                  cuda_graphs: bool = True) -> float:
+    """A plain decode step of `batch` sequences: the forward pass (eager above CUDAGRAPH_MAX_TOKENS, or everywhere
+    with `cuda_graphs` False, vLLM's cudagraph_mode NONE) plus the per-step and per-sequence host overhead."""
+    ov = {**PRIOR_OVERHEADS, **(overheads or {})}
+    fwd = forward_ms(spec, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    if batch > CUDAGRAPH_MAX_TOKENS or not cuda_graphs:
+        fwd = eager_forward_ms(spec, fwd)
+    return fwd + ov["plain_ms"] + ov["plain_seq_ms"] * batch
+
+
+def eager_host_constants(raw_files) -> dict:
+    """EAGER_HOST_LAYER_MS from forward_probe engines (bench/gpu_campaign.py phases GX, GX3): per model measured
+    both ways, (step at batch 1 with cudagraph_mode NONE - (graphed step at batch 1 - its roofline)) / layers, i.e.
+    the eager step less the host overhead a graphed step shows beside its GPU work. {model: ms per layer}."""
+    steps: dict = {}
+    for path in raw_files:
+        for cfg in read_json(Path(path)).get("configs", []):
+            res, cid = cfg.get("result") or {}, cfg.get("id", "")
+            row = (res.get("batches") or {}).get("1") or {}
+            if not cid.startswith("gx-") or not row.get("step_ms") or cfg.get("spec", {}).get("k"):
+                continue
+            mode = "eager" if cid.endswith("-eager-tp1") else "graphs"
+            steps.setdefault(cfg["spec"]["target"], {})[mode] = row["step_ms"]
+    out = {}
+    for name, by_mode in steps.items():
+        if {"eager", "graphs"} <= set(by_mode):
+            spec, gpu = model_spec(name), gpu_spec("H200")
+            roof = forward_ms(spec, gpu, batch=1, tokens_per_seq=1, context_len=88) - FORWARD_LAUNCH_MS
+            out[name] = (by_mode["eager"] - (by_mode["graphs"] - roof)) / spec.num_layers
+    return out
 
 
 def moe_extra_token_layers(target, draft, *, batch: int, k: int) -> float:
@@ -370,9 +429,7 @@ def moe_extra_token_layers(target, draft, *, batch: int, k: int) -> float:
 
 def overhead_features(target, draft, *, batch: int, k: int) -> list[float]:
     """What each SPEC_TERMS coefficient multiplies in a speculative step of K drafts at this batch."""
-    miss = graph_miss(batch, k)
-    return [1.0, float(batch), float(k * batch), float(target.num_layers + draft.num_layers) if miss else 0.0,
-            moe_extra_token_layers(target, draft, batch=batch, k=k)]
+    return [1.0, float(batch), float(k * batch), moe_extra_token_layers(target, draft, batch=batch, k=k)]
 
 
 def host_term(tp: int) -> str:
@@ -472,20 +529,28 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
     hidden = first_pass_hidden(overheads)
     async_head = head_on_async_runner(target, draft, vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM)
-    base = forward_ms(target, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp) \
-        + ov["plain_ms"] + ov["plain_seq_ms"] * batch
+    base = plain_step_ms(target, gpu, batch=batch, context_len=context_len, tp=tp, overheads=ov)
     draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    if batch > CUDAGRAPH_MAX_TOKENS:  # the draft's loop passes over B tokens run eagerly too
+        draft_roof = eager_forward_ms(draft, draft_roof)
     draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) + batch * ov["draft_seq_ms"]
-    spec, verify, band, first = {}, {}, {}, {}
+    spec, verify, band, first, verify_gpu, verify_host = {}, {}, {}, {}, {}, {}
     for k in k_values:
-        eager = _eager_ms(target, draft, batch=batch, k=k, overheads=ov)
         verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
         # MoE layers' per-token work is GPU time: it counts with the verify's roofline in the regime test
         # (draft_loop_host_and_gpu_ms); the first pass's launches hide under the roofline alone, as the fit sees
         # them (_fit_spec_terms)
         moe_ms = _moe_ms(target, draft, batch=batch, k=k, overheads=ov)
-        verify[k] = verify_roof + moe_ms + eager
+        verify_gpu[k] = verify[k] = verify_roof + moe_ms
         first[k] = first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp)
+        verify_host[k] = 0.0
+        if graph_miss(batch, k):
+            # B x (K+1) tokens above the largest CUDA graph: the verify and the draft's first pass over them run
+            # eagerly, each the longer of its GPU work and its launch (eager_forward_ms); the first pass then has
+            # nothing to hide under, as its launch outlasts the verify's GPU work
+            verify_host[k] = eager_host_ms(target)
+            verify[k] = eager_forward_ms(target, verify[k])
+            first[k] = eager_forward_ms(draft, first[k])
         if async_head:
             # The head's K passes on the GPU one after another (the first over the B x (K+1) verified tokens), each
             # at most its launch time, and the host overhead of a plain step (head_on_async_runner): no fitted term.
@@ -505,7 +570,8 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     return StepCost(batch=batch, base_step_ms=base, spec_step_ms=spec, draft_forward_ms=draft_fwd,
                     c=draft_fwd / base, spec_overhead_ms=spec_overhead,
                     source="roofline prior", uncertainty=max(band.values(), default=PRIOR_UNCERTAINTY_GPU_BOUND),
-                    verify_ms=verify, uncertainty_by_k=band, draft_first_ms=first)
+                    verify_ms=verify, uncertainty_by_k=band, draft_first_ms=first, verify_gpu_ms=verify_gpu,
+                    verify_host_ms=verify_host)
 
 
 def _interp_log_batch(points: dict, batch: int) -> float | None:
@@ -603,7 +669,7 @@ def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: in
     over the verified tokens and K-1 loop rooflines), in ms: the regime test behind the prior's band."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
     host_ms = _host_launched_passes(k, ov) * draft.num_layers * draft_layer_ms(ov, tp) \
-        + _eager_ms(target, draft, batch=batch, k=k, overheads=ov)
+        + ((eager_host_ms(target) + eager_host_ms(draft)) if graph_miss(batch, k) else 0.0)
     gpu_ms = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp) \
         + _moe_ms(target, draft, batch=batch, k=k, overheads=ov) \
         + first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp) \
@@ -614,11 +680,6 @@ def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: in
 def _moe_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
     """The MoE layers' per-token work on the tokens a speculative step adds (0 for two dense models)."""
     return moe_extra_token_layers(target, draft, batch=batch, k=k) * overheads["moe_token_layer_ms"]
-
-
-def _eager_ms(target, draft, *, batch: int, k: int, overheads: dict) -> float:
-    """The per-layer penalty of a step whose batch x (K+1) tokens miss the CUDA graphs (0 when they fit)."""
-    return (target.num_layers + draft.num_layers) * overheads["eager_layer_ms"] if graph_miss(batch, k) else 0.0
 
 
 def _host_launched_passes(k: int, overheads: dict) -> int:
@@ -797,7 +858,8 @@ def fitted_overheads(calibration_dir=None, tables=None, vllm_version: str | None
                                 where it does not hide, the max() below)
                               + (K - 1) x max(draft roofline, draft layers x draft_layer_(mp_)ms)
                               + spec_ms + batch x spec_seq_ms + K x batch x draft_seq_ms
-                              + [graph miss] x (target + draft layers) x eager_layer_ms
+      where B x (K+1) tokens miss the CUDA graphs, the verify is max(its roofline + MoE work, its launch time)
+      and the first pass max(its roofline, its launch time) (eager_forward_ms; measured, not fitted)
     All coefficients are kept non-negative; the max() makes the fit piecewise linear (_fit_spec_terms).
     Speculative step costs are the steady-state ones (CalibrationTable.spec_step_ms: medians of repeats, the
     offline run's batch drain taken out, draftfit/drain.py).
@@ -864,7 +926,8 @@ def _fit_overheads(tables, prior: dict) -> dict:
         # With every overhead zero the prior's draft pass is the draft's roofline and its verify the target's.
         samples.append(_SpecSample(
             w=1.0 / pt.step_ms, step_ms=pt.step_ms, k=pt.k, host=host_term(pt.table.tp), layers=pt.draft.num_layers,
-            draft_roofline_ms=pt.prior.draft_forward_ms, verify_ms=pt.prior.verify_ms[pt.k],
+            draft_roofline_ms=pt.prior.draft_forward_ms, verify_ms=pt.prior.verify_gpu_ms[pt.k],
+            verify_host_ms=pt.prior.verify_host_ms[pt.k],
             first_roofline_ms=pt.prior.draft_first_ms.get(pt.k, pt.prior.draft_forward_ms),
             features=overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k), hidden_first=hidden))
     out = dict(prior, n_plain=len(plain_gaps), n_spec=len(samples), host_terms_fitted=[])
@@ -919,6 +982,19 @@ class _SpecSample:
     verify_ms: float  # roofline of the target's verify pass
     features: list  # overhead_features()
     hidden_first: bool = True  # FIRST_DRAFT_PASS_HIDDEN of the version fitted
+    verify_host_ms: float = 0.0  # the verify's eager launch time where it misses the CUDA graphs (eager_forward_ms)
+
+    def verify_and_features(self, moe_ms_per_unit: float) -> tuple[float, list]:
+        """The verify's cost and the linear features left, given the MoE per-token coefficient: an eager verify
+        whose launch outlasts its GPU work (roofline + MoE work) costs its launch time, and the MoE work hides."""
+        feats = list(self.features)
+        if self.verify_host_ms > self.verify_ms + moe_ms_per_unit * feats[_MOE_FEATURE]:
+            feats[_MOE_FEATURE] = 0.0
+            return self.verify_host_ms, feats
+        return self.verify_ms, feats
+
+
+_MOE_FEATURE = SPEC_TERMS.index("moe_token_layer_ms")
 
 
 def _fit_spec_terms(samples: list, host: dict) -> dict:
@@ -930,34 +1006,41 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
     host_terms = [t for t in HOST_TERMS if any(s.host == t for s in samples)]
     terms = list(SPEC_TERMS) + host_terms
 
+    moe_term = SPEC_TERMS[_MOE_FEATURE]
+
     def solve(h: dict):
         rows, gaps = [], []
         for s in samples:
             fixed_ms, host_layers = draft_loop_split(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first,
                                                      s.first_roofline_ms, s.verify_ms)
-            fixed = s.verify_ms + fixed_ms
+            verify_ms, feats = s.verify_and_features(h[moe_term])
+            fixed = verify_ms + fixed_ms
             host_cols = [host_layers if s.host == t else 0.0 for t in host_terms]
-            rows.append([f * s.w for f in list(s.features) + host_cols])
+            rows.append([f * s.w for f in feats + host_cols])
             gaps.append((s.step_ms - fixed) * s.w)
         used = [j for j in range(len(terms)) if any(r[j] for r in rows)]
         coef = dict(zip((terms[j] for j in used), _nonneg_lstsq([[r[j] for j in used] for r in rows], gaps)))
-        return coef, {**h, **{t: coef[t] for t in host_terms if t in coef}}
+        return coef, {**h, **{t: coef[t] for t in host_terms if t in coef}, moe_term: coef.get(moe_term, 0.0)}
 
     def sse(coef: dict, h: dict) -> float:
         total = 0.0
         for s in samples:
-            pred = s.verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first,
-                                                 s.first_roofline_ms, s.verify_ms) \
-                + sum(coef.get(t, 0.0) * f for t, f in zip(SPEC_TERMS, s.features))
+            verify_ms, feats = s.verify_and_features(coef.get(moe_term, 0.0))
+            pred = verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first,
+                                               s.first_roofline_ms, s.verify_ms) \
+                + sum(coef.get(t, 0.0) * f for t, f in zip(SPEC_TERMS, feats))
             total += ((s.step_ms - pred) * s.w) ** 2
         return total
 
+    # The binding side of each max() (a draft loop pass's roofline or launch, an eager verify's GPU work or
+    # launch) depends on the coefficients: alternate until the choices are stable.
+    alternated = list(HOST_TERMS) + [moe_term]
     best = None
     for start in (host, {t: 0.05 for t in HOST_TERMS}, {t: 0.4 for t in HOST_TERMS}):
-        h = dict(start)
+        h = dict(start, **{moe_term: 0.0})
         for _ in range(20):
             coef, new_h = solve(h)
-            if all(abs(new_h[t] - h[t]) < 1e-12 for t in HOST_TERMS):
+            if all(abs(new_h[t] - h[t]) < 1e-12 for t in alternated):
                 break
             h = new_h
         err = sse(coef, new_h)

@@ -35,6 +35,9 @@ Phases (the lead launches each as its own command):
   M2R      one GPU: second starts of M2's engines in one lease (5 repeats, 8192 tokens, baseline first and last);
            M2R3: third starts of its K 6, 3, 2, 5
   PM       one GPU: Qwen3-30B-A3B + Qwen3-0.6B, the held-out MoE check (predicted beforehand; never in a fit)
+  GX / GX2 one GPU: plain forward passes of 1-768 tokens with and without CUDA graphs (Qwen1.5-MoE-A2.7B,
+           Qwen1.5-0.5B, Mixtral-8x7B, Llama-3.1-8B; forward_probe); GX2: the Qwen1.5-MoE pair at batch 128, K 4 / 3;
+           GX3: the probes GX's deadline left out, at batch 1, 512, 640; GX4: Qwen3-8B and Qwen1.5-0.5B, pre-registered
   HS/HSR/HS4  one GPU: Qwen3-Next-80B-A3B's shapes at 24 layers, alone and with its MTP layer (method mtp), timed
   HE / HER one GPU: Llama-3.1-8B alone and with an EAGLE-3 head (method eagle3, K 1-5), timed; HER: second starts
   HQ       one GPU: Qwen3-8B alone and with an EAGLE-3 head (K 1-4): the pre-registered check of the head model
@@ -131,6 +134,27 @@ def _restarts(target: str, draft: str, ks, tp=1, suffix="-r2", **over) -> list[d
         e = engine(target, draft if k else None, k, tp, **over)
         out.append(dict(e, id=e["id"] + suffix))
     return out
+
+
+# What a forward pass over T tokens costs a target when T passes vLLM's largest CUDA graph (512 tokens): a verify of
+# B x (K+1) tokens at batch 128 and K >= 4 does. Plain engines (no drafter) on the V1 model runner, which 0.26 runs
+# draft_model pairs on (memory.plan.model_runner), so a plain step of T sequences is the verify's forward of T tokens
+# less its attention over K+1 queries; once with CUDA graphs (T <= 512 replayed, 640 and 768 eager) and once with
+# cudagraph_mode NONE (every T eager: at batch 1 the step is the host's launch time). GPU trace on: SM utilisation
+# tells a host-bound eager step from a GPU-bound one. Not ingested into any table (ids start with gx-).
+GX_BATCHES = [1, 128, 256, 384, 512, 640, 768]
+GX_EAGER_BATCHES = [1, 128, 512, 640]
+
+
+def forward_probe(model: str, eager: bool = False, **over) -> dict:
+    over.setdefault("batches", GX_EAGER_BATCHES if eager else GX_BATCHES)
+    spec = engine(model, None, 0, max_tokens=48, repeats=3, gpu_trace=True, env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
+                  **over)
+    spec["max_num_seqs"] = max(spec["batches"])
+    spec["id"] = f"gx-{model}-{'eager' if eager else 'graphs'}-tp1"
+    if eager:
+        spec["engine_kwargs"] = {"compilation_config": {"cudagraph_mode": "NONE"}}
+    return spec
 
 
 def _smoke_lane(work_dir: str) -> list[dict]:
@@ -261,6 +285,26 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # 2026-12-01_Qwen3-30B-A3B__...json, context 112 = these engines' 64-token prompt + 48). Run only after the
         # MoE step-cost model is frozen; its table must stay out of every fit (draftfit fit, fitted_overheads).
         "PM": [("gpu0", "0", 150, pair_lane(q30, q06, moe_ks))],
+        # Forward passes across the CUDA-graph limit (forward_probe), the MoE target of the worst-predicted table and
+        # its draft first, then a tuned MoE target and a dense one; GX2 repeats the Qwen1.5-MoE pair's K=3 and K=4
+        # at batch 128 (512 tokens graphed, 640 eager) with the GPU trace on.
+        "GX": [("gpu0", "0", 120, [forward_probe(qm), forward_probe(qm, eager=True), forward_probe(q05),
+                                   forward_probe(q05, eager=True), forward_probe(mx, util=0.9),
+                                   forward_probe(mx, eager=True, util=0.9), forward_probe(l8),
+                                   forward_probe(l8, eager=True)])],
+        "GX2": [("gpu0", "0", 120, [dict(engine(qm, q05, k, batches=[128], repeats=5, gpu_trace=True),
+                                         id=f"gx-{qm}-{q05}-k{k}-tp1") for k in (4, 3)])],
+        # What GX's deadline left out, at fewer batch sizes (1: the launch time; 512 / 640: both sides of the limit).
+        "GX3": [("gpu0", "0", 150, [forward_probe(mx, eager=True, util=0.9, batches=[1, 640]),
+                                    forward_probe(mx, util=0.9, batches=[1, 512, 640]),
+                                    forward_probe(l8, eager=True, batches=[1, 640]),
+                                    forward_probe(l8, batches=[1, 512, 640]),
+                                    forward_probe(q05, eager=True, batches=[1, 640])])],
+        # The check of EAGER_HOST_LAYER_MS on architectures that set no constant (a Qwen3 layer has q/k norms, a
+        # Qwen2 one qkv biases), pre-registered first (bench/eager_launch.py --write).
+        "GX4": [("gpu0", "0", 90, [forward_probe(q8, eager=True, batches=[1, 640]),
+                                   forward_probe(q05, eager=True, batches=[1, 640]),
+                                   forward_probe(q8, batches=[1, 512, 640])])],
         # Sliding-window / hybrid KV-cache groups (issue 16), memory only, predicted first
         # (draftfit/data/predictions/2026-12-01_sliding_window_memory__H200.json): Gemma-2-9b alone (2 groups of 21),
         # Gemma-3-12b text-only alone at its 131072 context (five sliding groups keep window - 1 + 2 x 16384

@@ -443,7 +443,9 @@ def test_eager_launch_constants_are_the_measured_ones():
 
     raw = sorted((ROOT / "data" / "calibration" / "raw" / "2026-12-03").glob("GX*_gpu0.json"))
     measured = eager_host_constants(raw)
-    assert set(measured) == {"Llama-3.1-8B", "Mixtral-8x7B", "Qwen1.5-MoE-A2.7B"}
+    # Qwen1.5-0.5B has both probes too (GX graphed, GX4 eager: the pre-registered check, 0.8 ms a layer), no constant.
+    assert set(measured) == {"Llama-3.1-8B", "Mixtral-8x7B", "Qwen1.5-MoE-A2.7B", "Qwen1.5-0.5B"}
+    assert measured["Qwen1.5-0.5B"] == pytest.approx(0.81, abs=0.03)
     for name, kind in [("Llama-3.1-8B", "dense"), ("Mixtral-8x7B", "moe"), ("Qwen1.5-MoE-A2.7B", "moe_shared")]:
         assert measured[name] == pytest.approx(EAGER_HOST_LAYER_MS[kind], abs=0.006)
     import json

@@ -87,7 +87,9 @@ CUDAGRAPH_MAX_TOKENS = 512
 # a test holds them to the files). dense: Llama-3.1-8B (32 layers, 18.0 ms a step); moe: Mixtral-8x7B's routed experts
 # (37.6 ms); moe_shared: Qwen1.5-MoE-A2.7B, routed experts beside a shared expert (65.6 ms for 24 layers: vLLM's
 # FusedMoE runs the shared expert through its own runner). Which of Qwen1.5-MoE's traits (the shared expert, 60
-# experts) costs the extra was not separated; the rule goes by the shared expert.
+# experts) costs the extra was not separated; the rule goes by the shared expert. Checked pre-registered (phase GX4,
+# bench/eager_launch.py): a Qwen3-8B layer launches as a Llama one (+6 % at batch 1), a Qwen2 layer (Qwen1.5-0.5B,
+# biased q/k/v) in 0.81 ms, so Qwen2-family models' eager passes are priced about a third low.
 EAGER_HOST_LAYER_MS = {"dense": 0.53, "moe": 1.13, "moe_shared": 2.68}
 # An MoE layer's work beyond its roofline for every token a speculative step adds to it: the verify runs B x (K+1)
 # tokens where the plain step ran B, and so does the draft's first pass. Measured on the H200 (vLLM 0.26, Triton
@@ -138,8 +140,9 @@ HEAD_PRIOR_NOTE = ("{method} drafter on vLLM's V1 model runner: the one such " +
                    "as a lower estimate (docs/GPU_CAMPAIGN.md, twelfth session)")
 HEAD_ASYNC_NOTE = ("{method} drafter on vLLM's V2 model runner (async scheduling, the head's passes as CUDA graphs): priced "
                    "as a plain step's host overhead + the verify + the head's K passes, no fitted term; the model was "
-                   "built on the first EAGLE-3 " + HEAD_PRIOR_MARK + " (Llama-3.1-8B on one H200, vLLM 0.26: 15 % mean "
-                   "abs error there, but steps of over 512 tokens, batch 128 at K >= 4, ran 1.4x slower than printed) "
+                   "built on the first EAGLE-3 " + HEAD_PRIOR_MARK + " (Llama-3.1-8B on one H200, vLLM 0.26: 17 % mean "
+                   "abs error there, but its step of 640 tokens, batch 128 at K=4, ran 1.8x slower than printed: eager "
+                   "launch times were probed on the V1 runner only) "
                    "and checked, pre-registered, on a second (Qwen3-8B + an EAGLE-3 head, K 1-4 at batch 1-128: 10 % "
                    "mean abs error, 13 of 16 points within 15 %, best K right at 4 of 4 batch sizes; "
                    "docs/benchmarks.md, eagle3-qwen3-preregistered)")

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._readme import markdown_table, write_section  # noqa: E402
-from draftfit.speedup.stepcost import (EAGER_HOST_LAYER_MS, eager_host_constants, fitted_overheads,  # noqa: E402
-                                       gpu_spec, model_spec, plain_step_ms)
+from draftfit.speedup.stepcost import (EAGER_HOST_LAYER_MS, FORWARD_LAUNCH_MS, fitted_overheads,  # noqa: E402
+                                       forward_ms, gpu_spec, model_spec, plain_step_ms)
 
 COMMAND = ".venv/bin/python bench/eager_launch.py"
 RAW = ROOT / "data" / "calibration" / "raw"
@@ -57,13 +57,32 @@ def probe_steps(paths) -> list[dict]:
     return out
 
 
+def eager_host_constants(steps: list[dict]) -> dict:
+    """Launch time per layer of each model probed both ways at batch 1 (probe_steps): (eager step - (graphed step -
+    its roofline)) / layers, i.e. the eager step less the host overhead a graphed step shows beside its GPU work.
+    {model: ms per layer}; EAGER_HOST_LAYER_MS holds those of SETS_CONSTANT."""
+    at_one: dict = {}
+    for st in steps:
+        if st["batch"] == 1:
+            at_one.setdefault(st["model"], {})[st["mode"]] = st["step_ms"]
+    out = {}
+    for name, by_mode in at_one.items():
+        if {"eager", "graphs"} <= set(by_mode):
+            spec = model_spec(name)
+            roof = forward_ms(spec, gpu_spec("H200"), batch=1, tokens_per_seq=1, context_len=CONTEXT_LEN) \
+                - FORWARD_LAUNCH_MS
+            out[name] = (by_mode["eager"] - (by_mode["graphs"] - roof)) / spec.num_layers
+    return out
+
+
 def _files() -> list[Path]:
     return [RAW / f for f in PROBE_FILES if (RAW / f).exists()]
 
 
 def render() -> tuple[str, dict]:
     files = _files()
-    measured = eager_host_constants(files)
+    steps = probe_steps(files)
+    measured = eager_host_constants(steps)
     kinds = {"Llama-3.1-8B": "dense", "Mixtral-8x7B": "moe", "Qwen1.5-MoE-A2.7B": "moe_shared"}
     rows_c = [[name, kinds.get(name, "-"), model_spec(name).num_layers, f"{ms:.3f}",
                f"{EAGER_HOST_LAYER_MS[kinds[name]]:.2f}" if name in kinds else "check"]
@@ -72,7 +91,7 @@ def render() -> tuple[str, dict]:
     rows, errors = [], []
     pre = json.loads(PREDICTION.read_text()) if PREDICTION.exists() else {"predictions": []}
     pre_at = {(p["model"], p["mode"], p["batch"]): p["step_ms"] for p in pre["predictions"]}
-    for st in sorted(probe_steps(files), key=lambda s: (s["file"], s["model"], s["mode"], s["batch"])):
+    for st in sorted(steps, key=lambda s: (s["file"], s["model"], s["mode"], s["batch"])):
         pred = predicted_step_ms(st["model"], st["mode"], st["batch"], ov)
         role = "sets a constant" if st["model"] in SETS_CONSTANT and st["batch"] == 1 else "check"
         if (st["model"], st["mode"], st["batch"]) in pre_at:

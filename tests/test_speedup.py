@@ -435,14 +435,14 @@ def test_verify_loses_cuda_graphs_above_capture_size():
 
 
 def test_eager_launch_constants_are_the_measured_ones():
-    """EAGER_HOST_LAYER_MS is what the forward probes of phase GX/GX3 measured (eager_host_constants over the
+    """EAGER_HOST_LAYER_MS is what the forward probes of phase GX/GX3 measured (bench/eager_launch.py over the
     raw files), and it predicts the plain steps above the CUDA-graph limit it was not derived from: Qwen1.5-MoE
     at 640 and 768 sequences (77 / 75 ms) within 10 %, where a graphed roofline says 20 ms."""
-    from draftfit.speedup.stepcost import (EAGER_HOST_LAYER_MS, eager_host_constants, fitted_overheads, gpu_spec,
-                                           model_spec, prior_step_cost)
+    from draftfit.speedup.stepcost import EAGER_HOST_LAYER_MS, fitted_overheads, gpu_spec, model_spec, prior_step_cost
 
+    eager_launch = _bench("eager_launch")
     raw = sorted((ROOT / "data" / "calibration" / "raw" / "2026-12-03").glob("GX*_gpu0.json"))
-    measured = eager_host_constants(raw)
+    measured = eager_launch.eager_host_constants(eager_launch.probe_steps(raw))
     # Qwen1.5-0.5B has both probes too (GX graphed, GX4 eager: the pre-registered check, 0.8 ms a layer), no constant.
     assert set(measured) == {"Llama-3.1-8B", "Mixtral-8x7B", "Qwen1.5-MoE-A2.7B", "Qwen1.5-0.5B"}
     assert measured["Qwen1.5-0.5B"] == pytest.approx(0.81, abs=0.03)

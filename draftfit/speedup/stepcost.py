@@ -83,7 +83,7 @@ CUDAGRAPH_MAX_TOKENS = 512
 # launch time), the larger. The host time per layer, by what the layer's MLP is, on vLLM 0.26's V1 model runner (the one
 # draft_model pairs run on) with torch.compile on: measured as a plain decode step at batch 1 with cudagraph_mode NONE
 # (every layer launched eagerly), less the graphed step's host overhead (graphed step - its roofline), over the layers
-# (one H200 host, phase GX/GX3, data/calibration/raw/2026-12-03/GX*_gpu0.json; eager_host_constants() derives them and
+# (one H200 host, phase GX/GX3, data/calibration/raw/2026-12-03/GX*_gpu0.json; bench/eager_launch.py derives them and
 # a test holds them to the files). dense: Llama-3.1-8B (32 layers, 18.0 ms a step); moe: Mixtral-8x7B's routed experts
 # (37.6 ms); moe_shared: Qwen1.5-MoE-A2.7B, routed experts beside a shared expert (65.6 ms for 24 layers: vLLM's
 # FusedMoE runs the shared expert through its own runner). Which of Qwen1.5-MoE's traits (the shared expert, 60
@@ -400,28 +400,6 @@ def plain_step_ms(spec, gpu, *, batch: int, context_len: int, tp: int = 1, overh
     if batch > CUDAGRAPH_MAX_TOKENS or not cuda_graphs:
         fwd = eager_forward_ms(spec, fwd)
     return fwd + ov["plain_ms"] + ov["plain_seq_ms"] * batch
-
-
-def eager_host_constants(raw_files) -> dict:
-    """EAGER_HOST_LAYER_MS from forward_probe engines (bench/gpu_campaign.py phases GX, GX3): per model measured
-    both ways, (step at batch 1 with cudagraph_mode NONE - (graphed step at batch 1 - its roofline)) / layers, i.e.
-    the eager step less the host overhead a graphed step shows beside its GPU work. {model: ms per layer}."""
-    steps: dict = {}
-    for path in raw_files:
-        for cfg in read_json(Path(path)).get("configs", []):
-            res, cid = cfg.get("result") or {}, cfg.get("id", "")
-            row = (res.get("batches") or {}).get("1") or {}
-            if not cid.startswith("gx-") or not row.get("step_ms") or cfg.get("spec", {}).get("k"):
-                continue
-            mode = "eager" if cid.endswith("-eager-tp1") else "graphs"
-            steps.setdefault(cfg["spec"]["target"], {})[mode] = row["step_ms"]
-    out = {}
-    for name, by_mode in steps.items():
-        if {"eager", "graphs"} <= set(by_mode):
-            spec, gpu = model_spec(name), gpu_spec("H200")
-            roof = forward_ms(spec, gpu, batch=1, tokens_per_seq=1, context_len=88) - FORWARD_LAUNCH_MS
-            out[name] = (by_mode["eager"] - (by_mode["graphs"] - roof)) / spec.num_layers
-    return out
 
 
 def moe_extra_token_layers(target, draft, *, batch: int, k: int) -> float:

@@ -17,7 +17,7 @@ from draftfit.errors import DraftfitError
 from draftfit.layout import Layout, build_layout
 from draftfit.memory.plan import plan_memory
 from draftfit.pipeline import DONT, INCOMPATIBLE, NO_FIT, SPECULATE, PairEvaluation, command_for, evaluate_pair
-from draftfit.speedup.stepcost import HEAD_PRIOR_MARK
+from draftfit.speedup.stepcost import GRAPH_LIMIT_MARK, HEAD_PRIOR_MARK
 
 _GROUP = {SPECULATE: 0, DONT: 0, NO_FIT: 1, INCOMPATIBLE: 2}
 
@@ -172,7 +172,8 @@ def candidate_from(ev: PairEvaluation, kv_alone: int | None) -> Candidate:
         return c
     c.speedup_source = pred.source
     # The notes about this row's own step costs (the shared ones, MoE and version, go once under the table).
-    c.speedup_notes = [n for n in pred.notes if n.startswith("host-bound") or HEAD_PRIOR_MARK in n]
+    c.speedup_notes = [n for n in pred.notes if n.startswith("host-bound") or HEAD_PRIOR_MARK in n
+                       or GRAPH_LIMIT_MARK in n]
     c.speedup_basis = dec.basis
     for b, o in dec.per_batch.items():
         c.speedup[b], c.speedup_low[b], c.speedup_high[b] = o.speedup, o.low, o.high

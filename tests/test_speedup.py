@@ -624,3 +624,26 @@ def test_learned_correction_flag_never_crashes_on_a_stale_or_broken_model(tmp_pa
     shutil.copy(MODEL_DIR / REPORT_PATH.name, broken / REPORT_PATH.name)
     (broken / MODEL_PATH.name).write_bytes(b"\x80\x04\x95garbage-not-a-pickle")
     assert load_default(broken) is None
+
+
+def test_graph_limit_note_says_where_the_prior_prices_an_eager_verify():
+    """The prior prices a verify over more than 512 tokens at its launch time (eager_forward_ms); the output says at
+    which batch sizes and K that happens, with the launch times, and rank carries it on the row it concerns."""
+    from draftfit.speedup.stepcost import GRAPH_LIMIT_MARK, graph_limit_note, model_spec, step_cost_model
+
+    t, d = model_spec("Qwen1.5-MoE-A2.7B"), model_spec("Qwen1.5-0.5B")
+    note = graph_limit_note(t, d, batches=(1, 128, 600), k_values=range(1, 9))
+    assert "batch 128 at K >= 4" in note and "batch 600:" in note and "batch 1 " not in note
+    assert "Qwen1.5-MoE-A2.7B 64 ms" in note and "Qwen1.5-0.5B 13 ms" in note and GRAPH_LIMIT_MARK in note
+    assert graph_limit_note(t, d, batches=(1, 8, 32), k_values=range(1, 9)) is None
+    # No table of the pair under 0.33: the prior's note; under 0.26 the calibrated table needs none.
+    prior = step_cost_model(t, d, "H200", batches=(1, 128), vllm_version="0.33")
+    assert any(GRAPH_LIMIT_MARK in n for n in prior.notes)
+    calibrated = step_cost_model(t, d, "H200", batches=(1, 128), vllm_version="0.26")
+    assert calibrated.source.startswith("calibrated") and not any(GRAPH_LIMIT_MARK in n for n in calibrated.notes)
+    out = subprocess.run(DRAFTFIT + ["rank", "--target", "Qwen1.5-MoE-A2.7B", "--gpu", "H200", "--batch", "1,128",
+                                     "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["candidates"]
+    row = next(r for r in rows if r["draft"] == "Qwen1.5-0.5B")
+    assert any(GRAPH_LIMIT_MARK in n for n in row["speedup_notes"])

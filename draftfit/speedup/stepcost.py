@@ -694,6 +694,23 @@ def host_bound_note(target, draft, gpu, *, tp: int, batch: int, context_len: int
             "the host CPU, not only the GPU, sets this speedup (`draftfit calibrate` on the server narrows it)")
 
 
+GRAPH_LIMIT_MARK = "past vLLM's largest CUDA graph"  # how rank picks this note out for the row it concerns
+
+
+def graph_limit_note(target, draft, *, batches, k_values) -> str | None:
+    """Where the prior prices a verify over more tokens than CUDAGRAPH_MAX_TOKENS (eager_forward_ms), the batch sizes
+    and K that do, and the launch times that then bound the verify and the draft's first pass; None where none does."""
+    ks = sorted(k_values)
+    first_miss = {b: next((k for k in ks if graph_miss(b, k)), None) for b in sorted(batches)}
+    where = [f"batch {b} at K >= {k}" if k > ks[0] else f"batch {b}" for b, k in first_miss.items() if k is not None]
+    if not where:
+        return None
+    return (f"{', '.join(where)}: the verify's batch x (K+1) tokens run {GRAPH_LIMIT_MARK} ({CUDAGRAPH_MAX_TOKENS} "
+            f"tokens), so it and the draft's first pass run eagerly, each taking at least the host's launch time "
+            f"({target.name} {eager_host_ms(target):.0f} ms, {draft.name} {eager_host_ms(draft):.0f} ms, per layer as "
+            f"measured on an H200 host with vLLM 0.26: docs/benchmarks.md eager-launch)")
+
+
 def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
                     context_len: int = 1024, calibration_dir=None, vllm_version: str | None = None) -> StepCostModel:
     """Step costs per batch: the layout's calibration tables of `vllm_version`'s modelled version (0.26 when None),
@@ -747,6 +764,9 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
     host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len, overheads=ov)
     if host_note:
         notes.append(host_note)
+    limit_note = graph_limit_note(t, d, batches=batches, k_values=ks) if table is None else None
+    if limit_note:
+        notes.append(limit_note)
     if measured_method and not first_pass_hidden(ov):
         notes.append(f"vLLM {ov['vllm_version']} runs draft_model on its V2 model runner, whose draft passes run "
                      f"without CUDA graphs ({ov.get('draft_layer_ms', 0):.2f} ms of host time per draft layer fitted, "

@@ -67,12 +67,15 @@ class Case:
 GRAPH_MISS_CHANGE = ("the step model changed after this score (speedup.stepcost.eager_forward_ms: a pass over more "
                      "tokens than vLLM's largest CUDA graph costs the longer of its GPU work and its measured launch "
                      "time, replacing a fitted per-layer term, so the other overheads were refitted)")
+# And for heads on the V1 runner (the mtp case), made after its score: async scheduling's plain host overhead.
+ASYNC_V1_CHANGE = GRAPH_MISS_CHANGE[:-1] + ("; a head on the V1 runner pays a plain step's host overhead, not "
+                                            "draft_model's fixed cost (speedup.stepcost.heads_async_scheduling))")
 CASES = {
     "mtp": Case("mtp", CONFIGS / "Qwen3-Next-80B-A3B-24L", None, "mtp", (1, 2, 3),
                 PREDICTIONS / "2026-12-02_Qwen3-Next-24L__MTP__H200__tp1__a0.8.json", "HS",
                 "Qwen3-Next-80B-A3B's shapes at 24 of 48 layers: 18 gated-DeltaNet, 6 full attention, 512 experts "
                 "top-10 + a shared one; drafter its one MTP layer (vLLM method mtp, reused for every K)", False,
-                superseded=GRAPH_MISS_CHANGE),
+                superseded=ASYNC_V1_CHANGE),
     "eagle3": Case("eagle3", CONFIGS / "Llama-3.1-8B", CONFIGS / "EAGLE3-Llama-3.1-8B", "eagle3", (1, 2, 3, 4),
                    PREDICTIONS / "2026-12-02_Llama-3.1-8B__EAGLE3__H200__tp1__a0.8.json", "HE",
                    "Llama-3.1-8B; drafter an EAGLE-3 head of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's shapes (vLLM method "

@@ -647,3 +647,28 @@ def test_graph_limit_note_says_where_the_prior_prices_an_eager_verify():
     rows = json.loads(out.stdout)["candidates"]
     row = next(r for r in rows if r["draft"] == "Qwen1.5-0.5B")
     assert any(GRAPH_LIMIT_MARK in n for n in row["speedup_notes"])
+
+
+def test_heads_pay_a_plain_steps_host_overhead_on_either_runner():
+    """vLLM keeps async scheduling on for EAGLE/MTP heads and off for draft_model and the CPU n-gram proposer
+    (config/vllm.py), so a head's speculative step carries a plain step's host overhead, not the fixed cost the
+    draft_model tables fitted: on the V2 runner (a dense target's head) and on V1 (an MoE target's MTP layers)."""
+    from draftfit.catalog.specs import method_drafter, mtp_drafter
+    from draftfit.speedup.stepcost import (fitted_overheads, gpu_spec, head_on_async_runner, heads_async_scheduling,
+                                           model_spec, prior_step_cost)
+
+    ov, g = fitted_overheads(), gpu_spec("H200")
+    assert ov["spec_ms"] > ov["plain_ms"]  # what draft_model's steps pay beyond a plain step's overhead
+    ds = model_spec("DeepSeek-V3")
+    cases = [(ds, mtp_drafter(ds), False), (model_spec("Llama-3.1-8B"), model_spec("EAGLE3-Llama-3.1-8B"), True),
+             (model_spec("Llama-3.1-8B"), model_spec("Llama-3.2-1B"), None),
+             (model_spec("Llama-3.1-8B"), method_drafter("ngram", model_spec("Llama-3.1-8B")), None)]
+    for target, draft, v2 in cases:
+        p = prior_step_cost(target, draft, g, batch=8, k_values=[2], tp=8 if target is ds else 1, overheads=ov)
+        if v2 is None:  # no head: no async scheduling, the fitted fixed cost
+            assert not heads_async_scheduling(draft)
+            assert p.spec_overhead_ms == pytest.approx(ov["spec_ms"] + 8 * ov["spec_seq_ms"] - ov["plain_ms"]
+                                                       - 8 * ov["plain_seq_ms"])
+        else:
+            assert heads_async_scheduling(draft) and head_on_async_runner(target, draft, "0.26") is v2
+            assert p.spec_overhead_ms == pytest.approx(0.0, abs=1e-12)

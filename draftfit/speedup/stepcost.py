@@ -508,7 +508,8 @@ def head_on_async_runner(target, draft, vllm_version: str | None = None) -> bool
     as CUDA graphs, so a speculative step pays no more host overhead than a plain one: Llama-3.1-8B + an EAGLE-3
     head on one H200 (vLLM 0.26, phase HE) took 5.4 ms at K=1 and batch 1, 0.5 ms over its plain step, where the
     draft_model tables' fit charges 3.3 ms of fixed speculative overhead; the MTP layer of the hybrid Qwen3-Next
-    (V1 runner) paid about that fixed cost (5.4 ms against a 2.75 ms plain step)."""
+    (V1 runner) paid about that at batch 1 (5.4 ms against a 2.75 ms plain step), not at batch 8-128, where async
+    scheduling, on for heads on either runner (heads_async_scheduling), hid it."""
     if not getattr(draft, "is_eagle", False):
         return False
     return model_runner(target, draft, accounting(vllm_version)[0]) == "v2"

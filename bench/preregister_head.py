@@ -64,12 +64,13 @@ class Case:
 
 # The fifteenth session's change after these were scored: steps over 512 tokens cost the longer of their GPU work and a
 # measured launch time, and the fitted overheads lost their per-layer eager term (so every prior moved a little).
-GRAPH_MISS_CHANGE = ("the step model changed after this score (speedup.stepcost.eager_forward_ms: a pass over more "
-                     "tokens than vLLM's largest CUDA graph costs the longer of its GPU work and its measured launch "
-                     "time, replacing a fitted per-layer term, so the other overheads were refitted)")
+_GRAPH_MISS = ("speedup.stepcost.eager_forward_ms: a pass over more tokens than vLLM's largest CUDA graph costs the "
+               "longer of its GPU work and its measured launch time, replacing a fitted per-layer term, so the other "
+               "overheads were refitted")
+GRAPH_MISS_CHANGE = f"the step model changed after this score ({_GRAPH_MISS})"
 # And for heads on the V1 runner (the mtp case), made after its score: async scheduling's plain host overhead.
-ASYNC_V1_CHANGE = GRAPH_MISS_CHANGE[:-1] + ("; a head on the V1 runner pays a plain step's host overhead, not "
-                                            "draft_model's fixed cost (speedup.stepcost.heads_async_scheduling))")
+ASYNC_V1_CHANGE = (f"the step model changed after this score ({_GRAPH_MISS}; a head on the V1 runner pays a plain "
+                   "step's host overhead, not draft_model's fixed cost (speedup.stepcost.heads_async_scheduling))")
 CASES = {
     "mtp": Case("mtp", CONFIGS / "Qwen3-Next-80B-A3B-24L", None, "mtp", (1, 2, 3),
                 PREDICTIONS / "2026-12-02_Qwen3-Next-24L__MTP__H200__tp1__a0.8.json", "HS",

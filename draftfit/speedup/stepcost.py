@@ -376,6 +376,7 @@ ZERO_OVERHEADS = {k: 0.0 for k in PRIOR_OVERHEADS}
 
 
 def graph_miss(batch: int, k: int) -> bool:
+    """Whether a pass over batch x (K+1) tokens (K=0: a plain step or a draft loop pass) runs without CUDA graphs."""
     return batch * (k + 1) > CUDAGRAPH_MAX_TOKENS
 
 
@@ -398,7 +399,7 @@ def plain_step_ms(spec, gpu, *, batch: int, context_len: int, tp: int = 1, overh
     with `cuda_graphs` False, vLLM's cudagraph_mode NONE) plus the per-step and per-sequence host overhead."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
     fwd = forward_ms(spec, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
-    if batch > CUDAGRAPH_MAX_TOKENS or not cuda_graphs:
+    if graph_miss(batch, 0) or not cuda_graphs:
         fwd = eager_forward_ms(spec, fwd)
     return fwd + ov["plain_ms"] + ov["plain_seq_ms"] * batch
 
@@ -524,7 +525,7 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     async_head = head_on_async_runner(target, draft, vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM)
     base = plain_step_ms(target, gpu, batch=batch, context_len=context_len, tp=tp, overheads=ov)
     draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
-    if batch > CUDAGRAPH_MAX_TOKENS:  # the draft's loop passes over B tokens run eagerly too
+    if graph_miss(batch, 0):  # the draft's loop passes over B tokens run eagerly too
         draft_roof = eager_forward_ms(draft, draft_roof)
     draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) + batch * ov["draft_seq_ms"]
     spec, verify, band, first, verify_gpu, verify_host = {}, {}, {}, {}, {}, {}

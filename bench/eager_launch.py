@@ -39,15 +39,18 @@ def predicted_step_ms(model: str, mode: str, batch: int, overheads: dict | None 
                          overheads=overheads or fitted_overheads(), cuda_graphs=mode == "graphs")
 
 
-def probe_steps(paths) -> list[dict]:
-    """Every measured plain step of the forward probes in `paths` (ids gx-<model>-<graphs|eager>-tp1)."""
+def probe_steps(paths, modes=("graphs", "eager")) -> list[dict]:
+    """Every measured plain step of the forward probes in `paths` (ids gx-<model>-<mode>-tp1) run in one of
+    `modes` (forward_probe: graphs, eager, piecewise; None: all)."""
     out = []
     for path in paths:
         for cfg in json.loads(Path(path).read_text()).get("configs", []):
             cid, spec = cfg.get("id", ""), cfg.get("spec") or {}
             if not cid.startswith("gx-") or spec.get("k") or cfg.get("status") != "ok":
                 continue
-            mode = "eager" if cid.endswith("-eager-tp1") else "graphs"
+            mode = cid[:-len("-tp1")].rsplit("-", 1)[1]  # gx-<model>-<graphs|eager|piecewise>-tp1
+            if modes and mode not in modes:
+                continue
             for batch, row in (cfg["result"].get("batches") or {}).items():
                 if row.get("step_ms"):
                     out.append({"file": str(Path(path).relative_to(RAW)), "model": spec["target"], "mode": mode,
@@ -57,21 +60,22 @@ def probe_steps(paths) -> list[dict]:
     return out
 
 
-def eager_host_constants(steps: list[dict]) -> dict:
-    """Launch time per layer of each model probed both ways at batch 1 (probe_steps): (eager step - (graphed step -
-    its roofline)) / layers, i.e. the eager step less the host overhead a graphed step shows beside its GPU work.
-    {model: ms per layer}; EAGER_HOST_LAYER_MS holds those of SETS_CONSTANT."""
+def eager_host_constants(steps: list[dict], mode: str = "eager") -> dict:
+    """Launch time per layer of each model probed in `mode` and with its default graphs at batch 1 (probe_steps):
+    (`mode` step - (graphed step - its roofline)) / layers, i.e. the step less the host overhead a graphed step
+    shows beside its GPU work. {model: ms per layer}; EAGER_HOST_LAYER_MS holds the eager ones of SETS_CONSTANT,
+    bench/piecewise_launch.py reads the piecewise ones."""
     at_one: dict = {}
     for st in steps:
         if st["batch"] == 1:
             at_one.setdefault(st["model"], {})[st["mode"]] = st["step_ms"]
     out = {}
     for name, by_mode in at_one.items():
-        if {"eager", "graphs"} <= set(by_mode):
+        if {mode, "graphs"} <= set(by_mode):
             spec = model_spec(name)
             roof = forward_ms(spec, gpu_spec("H200"), batch=1, tokens_per_seq=1, context_len=CONTEXT_LEN) \
                 - FORWARD_LAUNCH_MS
-            out[name] = (by_mode["eager"] - (by_mode["graphs"] - roof)) / spec.num_layers
+            out[name] = (by_mode[mode] - (by_mode["graphs"] - roof)) / spec.num_layers
     return out
 
 

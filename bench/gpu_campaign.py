@@ -38,6 +38,8 @@ Phases (the lead launches each as its own command):
   GX / GX2 one GPU: plain forward passes of 1-768 tokens with and without CUDA graphs (Qwen1.5-MoE-A2.7B,
            Qwen1.5-0.5B, Mixtral-8x7B, Llama-3.1-8B; forward_probe); GX2: the Qwen1.5-MoE pair at batch 128, K 4 / 3;
            GX3: the probes GX's deadline left out, at batch 1, 512, 640; GX4: Qwen3-8B and Qwen1.5-0.5B, pre-registered
+  GP       one GPU: the drafts of the tables (Llama-3.2-1B, Qwen1.5-0.5B, Qwen3-0.6B, Qwen3-1.7B, Mistral-7B-v0.1) as
+           plain engines with PIECEWISE graphs only and with the default graphs, batch 1-128 (pre-registered)
   HS/HSR/HS4  one GPU: Qwen3-Next-80B-A3B's shapes at 24 layers, alone and with its MTP layer (method mtp), timed
   HE / HER one GPU: Llama-3.1-8B alone and with an EAGLE-3 head (method eagle3, K 1-5), timed; HER: second starts
   HQ       one GPU: Qwen3-8B alone and with an EAGLE-3 head (K 1-4): the pre-registered check of the head model
@@ -144,16 +146,22 @@ def _restarts(target: str, draft: str, ks, tp=1, suffix="-r2", **over) -> list[d
 # tells a host-bound eager step from a GPU-bound one. Not ingested into any table (ids start with gx-).
 GX_BATCHES = [1, 128, 256, 384, 512, 640, 768]
 GX_EAGER_BATCHES = [1, 128, 512, 640]
+GP_BATCHES = [1, 8, 32, 128]  # the tables' batch sizes (a draft loop pass runs over B tokens)
 
 
-def forward_probe(model: str, eager: bool = False, **over) -> dict:
+def forward_probe(model: str, eager: bool = False, piecewise: bool = False, **over) -> dict:
+    """A plain engine of `model` on the V1 runner: with vLLM's default CUDA graphs (a decode step replays one FULL
+    graph), without any (`eager`: cudagraph_mode NONE) or with PIECEWISE graphs only (`piecewise`: each layer's
+    attention launched from the host between graph pieces, as vLLM 0.26's drafter runs its passes:
+    v1/spec_decode/llm_base_proposer.py initialize_cudagraph_keys)."""
     over.setdefault("batches", GX_EAGER_BATCHES if eager else GX_BATCHES)
-    spec = engine(model, None, 0, max_tokens=48, repeats=3, gpu_trace=True, env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
-                  **over)
+    over.setdefault("repeats", 3)
+    spec = engine(model, None, 0, max_tokens=48, gpu_trace=True, env={"VLLM_USE_V2_MODEL_RUNNER": "0"}, **over)
     spec["max_num_seqs"] = max(spec["batches"])
-    spec["id"] = f"gx-{model}-{'eager' if eager else 'graphs'}-tp1"
-    if eager:
-        spec["engine_kwargs"] = {"compilation_config": {"cudagraph_mode": "NONE"}}
+    mode = "eager" if eager else "piecewise" if piecewise else "graphs"
+    spec["id"] = f"gx-{model}-{mode}-tp1"
+    if eager or piecewise:
+        spec["engine_kwargs"] = {"compilation_config": {"cudagraph_mode": "NONE" if eager else "PIECEWISE"}}
     return spec
 
 
@@ -305,6 +313,11 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         "GX4": [("gpu0", "0", 90, [forward_probe(q8, eager=True, batches=[1, 640]),
                                    forward_probe(q05, eager=True, batches=[1, 640]),
                                    forward_probe(q8, batches=[1, 512, 640])])],
+        # The draft loop's per-layer host cost by draft (pre-registered first: bench/piecewise_launch.py --write):
+        # each host-bound draft of the tables as a plain engine with PIECEWISE graphs only (its drafter passes'
+        # mode) and with the default FULL decode graph, back to back in one lease (host speed moves between leases).
+        "GP": [("gpu0", "0", 90, [forward_probe(m, piecewise=pw, batches=GP_BATCHES, repeats=5)
+                                  for m in (l1, q05, q06, "Qwen3-1.7B", m7) for pw in (True, False)])],
         # Sliding-window / hybrid KV-cache groups (issue 16), memory only, predicted first
         # (draftfit/data/predictions/2026-12-01_sliding_window_memory__H200.json): Gemma-2-9b alone (2 groups of 21),
         # Gemma-3-12b text-only alone at its 131072 context (five sliding groups keep window - 1 + 2 x 16384

@@ -33,7 +33,7 @@ Phases (the lead launches each as its own command):
   M1       one GPU: Mixtral-8x7B + Mistral-7B-v0.1 at util 0.9 (baseline, K 2, 4, 1, 3, 6, 5); M2: Qwen1.5-MoE-A2.7B +
            Qwen1.5-0.5B (same K); MC: memory only, the MoE targets alone and with their drafts at 8192 tokens
   M2R      one GPU: second starts of M2's engines in one lease (5 repeats, 8192 tokens, baseline first and last);
-           M2R3: third starts of its K 6, 3, 2, 5
+           M2R3: third starts of its K 6, 3, 2, 5; M2R4: third starts of K 2, 1 (the batch-32 advice)
   PM       one GPU: Qwen3-30B-A3B + Qwen3-0.6B, the held-out MoE check (predicted beforehand; never in a fit)
   GX / GX2 one GPU: plain forward passes of 1-768 tokens with and without CUDA graphs (Qwen1.5-MoE-A2.7B,
            Qwen1.5-0.5B, Mixtral-8x7B, Llama-3.1-8B; forward_probe); GX2: the Qwen1.5-MoE pair at batch 128, K 4 / 3;
@@ -247,6 +247,10 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
                  + _restarts(qm, q05, (0,), suffix="-r3", repeats=5, max_model_len=8192))],
         # Third starts of the K whose two starts disagreed most (tpot apart by 20-70 % at some batch size).
         "M2R3": [("gpu0", "0", 120, _restarts(qm, q05, (6, 3, 2, 5), suffix="-r3", repeats=5, max_model_len=8192))],
+        # Third starts of K=1 and K=2, whose batch-32 speedups (0.97x, 1.01x over two starts each) decide the advice
+        # there, 4 % apart with engine spreads of 8-10 %; then the baseline again in the same lease.
+        "M2R4": [("gpu0", "0", 120, _restarts(qm, q05, (2, 1), suffix="-r3", repeats=5, max_model_len=8192)
+                  + _restarts(qm, q05, (0,), suffix="-r4", repeats=5, max_model_len=8192))],
         # Memory only, for the KV-token check against vLLM's log (never used to fit constants): the MoE targets
         # alone and with their drafts at a longer context than the timing phases' 2048.
         # Qwen3-Next-80B-A3B's shapes (alibaba/InferSim hf_configs, commit 1201bedf) with 24 of its 48 layers (18

@@ -56,7 +56,10 @@ def traced_engines(paths) -> list[dict]:
         for entry in lane.get("configs", []):
             res = entry.get("result") or {}
             per_batch = {int(b): repeat_rows(r) for b, r in (res.get("batches") or {}).items() if "tM_s" in r}
-            per_batch = {b: rows for b, rows in per_batch.items() if rows and rows[0]["sm_mhz"] is not None}
+            # A repeat shorter than the trace's sampling interval has no sample (the forward probes' 48-token
+            # repeats of a 1-3 ms step): only sampled repeats are traced ones.
+            per_batch = {b: [r for r in rows if r["sm_mhz"] is not None] for b, rows in per_batch.items()}
+            per_batch = {b: rows for b, rows in per_batch.items() if rows}
             spies = {int(b): r["pyspy"] for b, r in (res.get("batches") or {}).items()
                      if (r.get("pyspy") or {}).get("samples")}
             if per_batch:

@@ -27,7 +27,7 @@ from bench.eager_launch import RAW, eager_host_constants, probe_steps  # noqa: E
 from draftfit.speedup.stepcost import HELD_OUT_TARGETS, fitted_overheads, model_spec  # noqa: E402
 
 COMMAND = ".venv/bin/python bench/piecewise_launch.py"
-PROBE_FILES = ("2026-12-03/GP_gpu0.json",)
+PROBE_FILES = ("2026-12-03/GPa_gpu0.json", "2026-12-03/GPb_gpu0.json")
 PREDICTION = ROOT / "draftfit" / "data" / "predictions" / "2026-12-03_piecewise_launch__H200.json"
 DRAFTS = ("Llama-3.2-1B", "Qwen1.5-0.5B", "Qwen3-0.6B", "Qwen3-1.7B", "Mistral-7B-v0.1")  # phase GP's order
 REFERENCE = "Llama-3.2-1B"  # ratios are to this draft's: host speed moves between leases, ratios less

@@ -158,10 +158,11 @@ UNTUNED_MOE_NOTE = (
     "vLLM {version} ships no tuned fused-MoE kernel config {name} for {target} on {gpu} at TP={tp}: it runs its "
     "default one (its log says 'Using default MoE config. Performance might be sub-optimal!'). The one such "
     "target measured, Qwen1.5-MoE-A2.7B on the H200 (E=60,N=1408; its table: draftfit calibrate --show "
-    "Qwen1.5-MoE-A2.7B), ran plain steps of 256-768 tokens within 10 % of this model, which has no default-config "
-    "penalty, while at batch 128 and K 2-3 (384-512 graphed tokens) this model's speedups, fitted without its "
-    "table, were 22-40 % above the measured ones; the printed speedups there may be too high. A config tuned for "
-    "the server (vLLM's benchmarks/kernels/benchmark_moe.py --tune, then VLLM_TUNED_CONFIG_FOLDER) removes the doubt")
+    "Qwen1.5-MoE-A2.7B), ran plain steps of 256-768 tokens within 10 % of draftfit's step-cost model, which has no "
+    "default-config penalty, while at batch 128 and K 2-3 (384-512 graphed tokens) draftfit's speedups, fitted "
+    "without that table, were 20-28 % above the measured ones; the printed speedups there may be too high. A config "
+    "tuned for the server (vLLM's benchmarks/kernels/benchmark_moe.py --tune, then VLLM_TUNED_CONFIG_FOLDER) removes "
+    "the doubt")
 
 
 def moe_kernel_config(spec, gpu, *, tp: int, vllm_version: str | None = None) -> tuple[str, bool] | None:

@@ -102,6 +102,10 @@ def render() -> tuple[str, dict]:
         if figures.get("drafts"):
             text += (f"Of the {figures['drafts']} drafts measured besides {REFERENCE}, one cost holds for "
                      f"{figures['one_cost']} and the table slopes for {figures['table_slopes']}.")
+            if figures["table_slopes"] < figures["drafts"]:
+                text += (" The tables' loop slopes are not the piecewise forward's, so per the registered decision "
+                         "the model keeps one cost (the measured ratios, tried in the leave-one-out all the same, "
+                         "made it worse: docs/GPU_CAMPAIGN.md, sixteenth session).")
         else:
             text += "Not measured yet."
     if by_step:

@@ -30,3 +30,32 @@ def write_section(name: str, body: str, *, command: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     README.write_text(text)
+
+
+def preregistered_bench(argv, *, doc: str, phase: str, section: str, command: str, render, record, path: Path) -> int:
+    """The command line of a bench that scores a pre-registered GPU phase: `--write` writes `record()` to `path` once
+    (a pre-registration is never rewritten), else the section from `render()` (text, figures) is printed and, unless
+    --no-readme, written into docs/benchmarks.md."""
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--no-readme", action="store_true", help="print the section, do not write docs/benchmarks.md")
+    ap.add_argument("--write", action="store_true", help=f"pre-register phase {phase} (once)")
+    args = ap.parse_args(argv)
+    shown = path.relative_to(README.parent.parent)
+    if args.write:
+        if args.no_readme:
+            ap.error("--write takes no other option")
+        if path.exists():
+            print(f"{shown} exists: a pre-registration is written once", file=sys.stderr)
+            return 1
+        path.write_text(json.dumps(record(), indent=1) + "\n")
+        print(f"wrote {shown}")
+        return 0
+    text, _ = render()
+    print(text)
+    if not args.no_readme:
+        write_section(section, text, command=command)
+    return 0

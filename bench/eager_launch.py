@@ -11,7 +11,6 @@ constant) is pre-registered with --write before it runs and scored here once its
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._readme import markdown_table, write_section  # noqa: E402
+from bench._readme import markdown_table, preregistered_bench  # noqa: E402
 from draftfit.speedup.stepcost import (EAGER_HOST_LAYER_MS, FORWARD_LAUNCH_MS, fitted_overheads,  # noqa: E402
                                        forward_ms, gpu_spec, model_spec, plain_step_ms)
 
@@ -144,10 +143,7 @@ def render() -> tuple[str, dict]:
     return text, figures
 
 
-def write_prediction() -> int:
-    if PREDICTION.exists():
-        print(f"{PREDICTION.relative_to(ROOT)} exists: a pre-registration is written once", file=sys.stderr)
-        return 1
+def prediction_record() -> dict:
     ov = fitted_overheads()
     rec = {"what": "plain decode steps of phase GX4's forward probes (architectures that set no eager launch "
                    "constant), predicted before the phase ran, by stepcost.plain_step_ms",
@@ -158,25 +154,12 @@ def write_prediction() -> int:
            "overheads": {k: ov[k] for k in ("plain_ms", "plain_seq_ms")},
            "predictions": [{"model": m, "mode": mode, "batch": b, "step_ms": round(predicted_step_ms(m, mode, b, ov), 3)}
                            for m, mode, batches in GX4 for b in batches]}
-    PREDICTION.write_text(json.dumps(rec, indent=1) + "\n")
-    print(f"wrote {PREDICTION.relative_to(ROOT)}")
-    return 0
+    return rec
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--no-readme", action="store_true", help="print the section, do not write docs/benchmarks.md")
-    ap.add_argument("--write", action="store_true", help="pre-register phase GX4's steps (once)")
-    args = ap.parse_args(argv)
-    if args.write:
-        if args.no_readme:
-            ap.error("--write takes no other option")
-        return write_prediction()
-    text, _ = render()
-    print(text)
-    if not args.no_readme:
-        write_section("eager-launch", text, command=COMMAND)
-    return 0
+    return preregistered_bench(argv, doc=__doc__, phase="GX4", section="eager-launch", command=COMMAND, render=render,
+                               record=prediction_record, path=PREDICTION)
 
 
 if __name__ == "__main__":

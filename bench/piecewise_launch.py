@@ -12,7 +12,6 @@ and with its default graphs, back to back in one lease, to measure that apart fr
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import statistics
@@ -22,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._readme import markdown_table, write_section  # noqa: E402
+from bench._readme import markdown_table, preregistered_bench  # noqa: E402
 from bench.eager_launch import RAW, eager_host_constants, probe_steps  # noqa: E402
 from draftfit.speedup.stepcost import HELD_OUT_TARGETS, fitted_overheads, model_spec  # noqa: E402
 
@@ -113,10 +112,7 @@ def render() -> tuple[str, dict]:
     return text, figures
 
 
-def write_prediction() -> int:
-    if PREDICTION.exists():
-        print(f"{PREDICTION.relative_to(ROOT)} exists: a pre-registration is written once", file=sys.stderr)
-        return 1
+def prediction_record() -> dict:
     slopes = table_loop_slopes()
     ov = fitted_overheads()
     rec = {"what": "the host time per layer of a PIECEWISE-graphed pass of each draft, as a ratio to "
@@ -135,25 +131,12 @@ def write_prediction() -> int:
                        "loop's per-layer host cost becomes per draft architecture (the measured piecewise ratios, "
                        "one fitted scale), scored by bench/speedup.py's leave-one-configuration-out; otherwise the "
                        "model keeps one cost"}
-    PREDICTION.write_text(json.dumps(rec, indent=1) + "\n")
-    print(f"wrote {PREDICTION.relative_to(ROOT)}")
-    return 0
+    return rec
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--no-readme", action="store_true", help="print the section, do not write docs/benchmarks.md")
-    ap.add_argument("--write", action="store_true", help="pre-register phase GP (once)")
-    args = ap.parse_args(argv)
-    if args.write:
-        if args.no_readme:
-            ap.error("--write takes no other option")
-        return write_prediction()
-    text, _ = render()
-    print(text)
-    if not args.no_readme:
-        write_section("piecewise-launch", text, command=COMMAND)
-    return 0
+    return preregistered_bench(argv, doc=__doc__, phase="GP", section="piecewise-launch", command=COMMAND, render=render,
+                               record=prediction_record, path=PREDICTION)
 
 
 if __name__ == "__main__":

@@ -573,6 +573,28 @@ def test_calibrated_steps_follow_a_line_over_k_that_predicts_another_start_bette
     assert sum(errs["line"]) < sum(errs["raw"])
 
 
+def test_line_floor_is_the_error_of_each_tables_own_line_over_k():
+    """The floor printed beside the leave-one-out errors: a GPU-bound table lies near its line over K, a host-bound
+    one whose engine starts disagree does not; a table whose steps are a line has no floor."""
+    bench = _bench("speedup")
+    from draftfit.calibration.tables import load_tables, tables_of_version
+
+    floor = bench._line_floor(tables_of_version(load_tables()))
+    coder = floor["Qwen2.5-Coder-32B+Qwen2.5-Coder-7B H200 TP1"]
+    qmoe = floor["Qwen1.5-MoE-A2.7B+Qwen1.5-0.5B H200 TP1"]
+    assert coder[0] < 0.05 and coder[1] == 24
+    assert 0.08 < qmoe[0] < 0.2 and qmoe[1] == 24
+
+    class Line:  # a table whose steps are exactly 5 + 3 K ms at two batch sizes
+        acceptance, target, draft, gpu, tp = 0.8, "Llama-3.1-8B", "Llama-3.2-1B", "H200", 1
+        ks, batches = [1, 2, 4, 8], [1, 32]
+
+        def spec_step_ms(self, k, b):
+            return 5.0 + 3.0 * k
+
+    assert bench._line_floor([Line()]) == {"Llama-3.1-8B+Llama-3.2-1B H200 TP1": (pytest.approx(0.0, abs=1e-12), 8)}
+
+
 def test_preregistered_predictions_are_scored_against_the_table_measured_afterwards(tmp_path):
     """A `draftfit speedup --json` record in draftfit/data/predictions/ is matched to the calibration table of its
     pair and rate, point by point; without a table it is listed as not measured yet."""

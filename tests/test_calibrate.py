@@ -150,6 +150,19 @@ def test_cli_ingest_and_fit_without_data(tmp_path):
     assert res.returncode == 2 and "needs TARGET and DRAFT" in res.stderr
 
 
+def test_calibrate_that_measures_nothing_says_what_its_engines_reported(tmp_path):
+    """A budget too short for any engine ends in one line that names the skip and the fix, not only "no usable
+    measurements" about a temporary file."""
+    pytest.importorskip("vllm")
+    res = subprocess.run([sys.executable, "-m", "draftfit", "calibrate", "Qwen3-235B-A22B", "Qwen3-0.6B", "--k", "2",
+                          "--batch", "1", "--budget-s", "1", "--out", str(tmp_path / "t.json")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert "2 engines" in line and "skipped" in line and "raise --budget-s" in line
+    assert not (tmp_path / "t.json").exists()
+
+
 def test_campaign_plan_is_within_device_limits():
     res = subprocess.run([sys.executable, "bench/gpu_campaign.py", "--phase", "A,A2,B,B2,C,smoke", "--dry-run",
                           "--work-dir", "/tmp/draftfit-campaign-test"], capture_output=True, text=True, cwd=ROOT,

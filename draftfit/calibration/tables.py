@@ -702,7 +702,15 @@ def run_calibration(target_name: str, draft_name: str, *, ks=(1, 2, 3, 4, 6, 8),
     statuses = {e["id"]: e["status"] + ("" if e["status"] == "ok" else f": {e.get('error') or e.get('reason')}")
                 for e in report["configs"]}
     out_dir = Path(out).parent if out else None
-    paths = ingest_results([lane_file], directory=out_dir, command=command)
+    try:
+        paths = ingest_results([lane_file], directory=out_dir, command=command)
+    except DraftfitError:
+        # Name what the engines said (skipped for the budget, or their error), not only that nothing came back.
+        first = next(iter(v for v in statuses.values() if not v.startswith("ok")), "no engine reported")
+        raise DraftfitError(f"no usable speculative measurements: {len(statuses)} engines, the first not ok: "
+                            f"{first} (all of them in {lane_file})",
+                            fix="raise --budget-s if engines were skipped for time, else read each engine's error "
+                                "in that file") from None
     if out and paths and Path(paths[0]) != Path(out):
         Path(paths[0]).rename(out)
         paths[0] = Path(out)

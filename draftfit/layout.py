@@ -198,16 +198,29 @@ def check_batches(batches) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-def parse_int_list(text: str, option: str) -> tuple[int, ...]:
-    """'1,8, 32' -> (1, 8, 32); anything else is one error naming the option."""
+def parse_int_list(text: str, option: str, example: str = "1,8,32") -> tuple[int, ...]:
+    """'1,8, 32' -> (1, 8, 32) and '1..4' -> (1, 2, 3, 4), mixed freely ('1..3,6'), in the order given; anything
+    else is one error naming the option and an `example` of it. Ranges are checked by the callers' bounds like the
+    rest (a range's end before its start is an error here)."""
+    bad = DraftfitError(f"{option} {text!r} is not a comma-separated list of integers or a..b ranges",
+                        fix=f"e.g. {option} {example}")
     parts = [p.strip() for p in str(text).split(",")]
     if not parts or any(not p for p in parts):
-        raise DraftfitError(f"{option} {text!r} is not a comma-separated list of integers", fix=f"e.g. {option} 1,8,32")
+        raise bad
+    out: list[int] = []
     try:
-        return tuple(int(p) for p in parts)
+        for part in parts:
+            if ".." in part:
+                lo_s, hi_s = part.split("..")
+                lo, hi = int(lo_s), int(hi_s)
+                if hi < lo or hi - lo > 100_000:  # a range no option of draftfit could use
+                    raise bad
+                out += range(lo, hi + 1)
+            else:
+                out.append(int(part))
     except ValueError:
-        raise DraftfitError(f"{option} {text!r} is not a comma-separated list of integers",
-                            fix=f"e.g. {option} 1,8,32") from None
+        raise bad from None
+    return tuple(out)
 
 
 def check_choice(value: str, choices: tuple[str, ...], option: str) -> str:

@@ -357,3 +357,21 @@ def test_property_numeric_options(option, value):
     assert problem is None, f"{' '.join(argv)}: {problem}"
     if not valid(value):  # out of the option's real range: must be refused, as bad input
         assert res["exit_code"] == 2, f"{' '.join(argv)}: nonsense accepted (exit {res['exit_code']})"
+
+
+@pytest.mark.parametrize("text, want", [("1,8, 32", (1, 8, 32)), ("1..4", (1, 2, 3, 4)), ("1..3,6", (1, 2, 3, 6)),
+                                        ("4", (4,))])
+def test_int_lists_take_ranges_like_calibrate_does(text, want):
+    from draftfit.layout import parse_int_list
+
+    assert parse_int_list(text, "--k") == want
+
+
+@pytest.mark.parametrize("text", ["", "1,,2", "3..1", "a..b", "1..2..3", "1.5", "0..1000000"])
+def test_bad_int_lists_are_one_error_with_the_options_example(text):
+    from draftfit.errors import DraftfitError
+    from draftfit.layout import parse_int_list
+
+    with pytest.raises(DraftfitError) as e:
+        parse_int_list(text, "--k", "1,2,4")
+    assert "--k" in str(e.value) and e.value.fix == "e.g. --k 1,2,4"

@@ -14,7 +14,7 @@ from draftfit.calibration import tables as cal
 from draftfit.cli.render import console, emit_json, table
 from draftfit.catalog.specs import resolve_model
 from draftfit.layout import (MAX_BATCH, check_float, check_int, check_name, check_output_file, check_tp,
-                             parse_float_list)
+                             parse_float_list, parse_int_list)
 
 
 CALIBRATE_K_MAX = 16
@@ -24,27 +24,11 @@ MAX_BUDGET_S = 7 * 24 * 3600.0
 
 
 def _ints(text: str, option: str, hi: int, example: str) -> list[int]:
-    """'1..8' or '1,2,4' (or both, comma-separated) -> the integers, each in 1..hi; else one error."""
-    bad = DraftfitError(f"{option} {text!r} is not a list like {example}", fix=f"e.g. {option} {example} "
-                        f"(integers 1..{hi})")
-    out: list[int] = []
-    parts = [p.strip() for p in str(text).split(",")]
-    if not parts or any(not p for p in parts):
-        raise bad
-    for part in parts:
-        try:
-            if ".." in part:
-                lo_s, hi_s = part.split("..")
-                lo, top = int(lo_s), int(hi_s)
-                if not 1 <= lo <= top <= hi:
-                    raise bad
-                out += list(range(lo, top + 1))
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise bad from None
+    """'1..8' or '1,2,4' (or both, comma-separated: layout.parse_int_list) -> the integers, each in 1..hi; else one
+    error."""
+    out = parse_int_list(text, option, example)
     if not out or min(out) < 1 or max(out) > hi:
-        raise bad
+        raise DraftfitError(f"{option} {text!r} has values outside 1..{hi}", fix=f"e.g. {option} {example}")
     return sorted(set(out))
 
 

@@ -38,7 +38,7 @@ def _acceptance_from_run(run_id: int):
 @click.option("--alpha", type=float, help="Per-token acceptance rate (i.i.d.).")
 @click.option("--acceptance-curve", "curve_text", help="a1,a2,...: P(first i drafts all accepted).")
 @click.option("--run", "run_id", type=int, help="Use the acceptance of a stored run (`draftfit runs`).")
-@click.option("--k", "k_text", help="K (num_speculative_tokens); with --target, a list like 2,4. Default 1..8.")
+@click.option("--k", "k_text", help="K (num_speculative_tokens); with --target, a list like 2,4 or 1..4. Default 1..8.")
 @click.option("--c", "c", type=float, help="Draft step / target step cost ratio (closed-form mode).")
 @click.option("--target", help="Target model (catalog name, hub id or folder): full prediction mode.")
 @click.option("--draft", help="Draft model.")
@@ -111,7 +111,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         resolve_gpu(gpu)
         check_tp(t_spec, tp)
         batches = list(check_batches(parse_int_list(batch_text, "--batch")))
-        ks = [check_k(k) for k in parse_int_list(k_text, "--k")] if k_text is not None else list(range(1, 9))
+        ks = [check_k(k) for k in parse_int_list(k_text, "--k", "1,2,4")] if k_text is not None else list(range(1, 9))
         check_int(context_len, "--context-len", 1, t_spec.max_position_embeddings or 10**7,
                   fix=f"pass --context-len up to {t_spec.name}'s {t_spec.max_position_embeddings or 10**7} positions")
         used, modelled, version_note = resolve_vllm_version(version_given)
@@ -142,7 +142,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         raise DraftfitError("closed-form mode needs --k and --c", fix="e.g. --alpha 0.8 --k 4 --c 0.05, "
                             "or give --target/--draft/--gpu for a prediction")
 
-    k = [check_k(x, "--k", CLOSED_FORM_K_MAX) for x in parse_int_list(k_text, "--k")]
+    k = [check_k(x, "--k", CLOSED_FORM_K_MAX) for x in parse_int_list(k_text, "--k", "4")]
     if len(k) != 1:
         raise DraftfitError("closed-form mode takes one K", fix="e.g. --k 4")
     if plot_path:

@@ -34,8 +34,8 @@ def write_section(name: str, body: str, *, command: str) -> None:
 
 def preregistered_bench(argv, *, doc: str, phase: str, section: str, command: str, render, record, path: Path) -> int:
     """The command line of a bench that scores a pre-registered GPU phase: `--write` writes `record()` to `path` once
-    (a pre-registration is never rewritten), else the section from `render()` (text, figures) is printed and, unless
-    --no-readme, written into docs/benchmarks.md."""
+    (a pre-registration is never rewritten), with the command that wrote it and when, else the section from
+    `render()` (text, figures) is printed and, unless --no-readme, written into docs/benchmarks.md."""
     import argparse
     import json
     import sys
@@ -44,14 +44,16 @@ def preregistered_bench(argv, *, doc: str, phase: str, section: str, command: st
     ap.add_argument("--no-readme", action="store_true", help="print the section, do not write docs/benchmarks.md")
     ap.add_argument("--write", action="store_true", help=f"pre-register phase {phase} (once)")
     args = ap.parse_args(argv)
-    shown = path.relative_to(README.parent.parent)
+    root = README.parent.parent
+    shown = path.relative_to(root) if path.is_relative_to(root) else path
     if args.write:
         if args.no_readme:
             ap.error("--write takes no other option")
         if path.exists():
             print(f"{shown} exists: a pre-registration is written once", file=sys.stderr)
             return 1
-        path.write_text(json.dumps(record(), indent=1) + "\n")
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+        path.write_text(json.dumps({**record(), "command": f"{command} --write", "created_utc": stamp}, indent=1) + "\n")
         print(f"wrote {shown}")
         return 0
     text, _ = render()

@@ -11,7 +11,6 @@ constant) is pre-registered with --write before it runs and scored here once its
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -147,9 +146,7 @@ def prediction_record() -> dict:
     ov = fitted_overheads()
     rec = {"what": "plain decode steps of phase GX4's forward probes (architectures that set no eager launch "
                    "constant), predicted before the phase ran, by stepcost.plain_step_ms",
-           "command": f"{COMMAND} --write",
            "measured_by": "python3 bench/gpu_campaign.py --phase GX4 (vLLM 0.26, one H200, V1 model runner)",
-           "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
            "eager_host_layer_ms": EAGER_HOST_LAYER_MS,
            "overheads": {k: ov[k] for k in ("plain_ms", "plain_seq_ms")},
            "predictions": [{"model": m, "mode": mode, "batch": b, "step_ms": round(predicted_step_ms(m, mode, b, ov), 3)}

@@ -12,7 +12,6 @@ and with its default graphs, back to back in one lease, to measure that apart fr
 
 from __future__ import annotations
 
-import datetime
 import json
 import statistics
 import sys
@@ -117,9 +116,7 @@ def prediction_record() -> dict:
     ov = fitted_overheads()
     rec = {"what": "the host time per layer of a PIECEWISE-graphed pass of each draft, as a ratio to "
                    f"{REFERENCE}'s, predicted before phase GP ran under two hypotheses",
-           "command": f"{COMMAND} --write",
            "measured_by": "python3 bench/gpu_campaign.py --phase GP (vLLM 0.26, one H200, V1 model runner)",
-           "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
            "agree_within": AGREE,
            "hypotheses": {
                "one_cost": {"why": "the step-cost model as it stands: every draft pays draft_layer_ms per layer",

@@ -13,9 +13,6 @@ sys.path.insert(0, str(ROOT))
 
 from bench import piecewise_launch  # noqa: E402
 
-SCRIPT = [sys.executable, str(ROOT / "bench" / "piecewise_launch.py")]
-
-
 def test_preregistration_holds_the_two_hypotheses_for_every_draft_of_phase_gp():
     rec = json.loads(piecewise_launch.PREDICTION.read_text())
     hyp = rec["hypotheses"]
@@ -45,14 +42,31 @@ def test_phase_gp_is_scored_against_both_hypotheses_and_neither_holds():
     assert text.count("| piecewise |") == 20 and text.count("| graphs |") == 20
 
 
+@pytest.mark.parametrize("bench", ["eager_launch", "piecewise_launch"])
 @pytest.mark.parametrize("args, expect", [
     (["--write"], "exists: a pre-registration is written once"),
     (["--write", "--no-readme"], "--write takes no other option"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])
-def test_hostile_options_end_in_one_line(args, expect):
-    before = piecewise_launch.PREDICTION.read_bytes()
-    r = subprocess.run(SCRIPT + args, capture_output=True, text=True, timeout=120)
+def test_preregistered_benches_refuse_hostile_options_in_one_line(bench, args, expect):
+    """Both pre-registered benches share bench._readme.preregistered_bench: a committed pre-registration is never
+    rewritten, and a bad option is one line, not a traceback."""
+    import importlib
+
+    prediction = importlib.import_module(f"bench.{bench}").PREDICTION
+    before = prediction.read_bytes()
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / f"{bench}.py"), *args], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert expect in r.stderr.strip().splitlines()[-1]
-    assert piecewise_launch.PREDICTION.read_bytes() == before
+    assert prediction.read_bytes() == before
+
+
+def test_a_first_write_records_the_command_and_time_beside_the_record(tmp_path):
+    from bench import _readme
+
+    path = tmp_path / "pred.json"
+    assert _readme.preregistered_bench(["--write"], doc="x", phase="P", section="s", command="bench/x.py",
+                                       render=None, record=lambda: {"what": "w"}, path=path) == 0
+    rec = json.loads(path.read_text())
+    assert rec["what"] == "w" and rec["command"] == "bench/x.py --write" and len(rec["created_utc"]) == 16

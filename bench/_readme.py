@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import json
 import platform
+import sys
 from pathlib import Path
 
 # The generated tables live in docs/benchmarks.md; the README links there and stays short.
@@ -36,10 +39,6 @@ def preregistered_bench(argv, *, doc: str, phase: str, section: str, command: st
     """The command line of a bench that scores a pre-registered GPU phase: `--write` writes `record()` to `path` once
     (a pre-registration is never rewritten), with the command that wrote it and when, else the section from
     `render()` (text, figures) is printed and, unless --no-readme, written into docs/benchmarks.md."""
-    import argparse
-    import json
-    import sys
-
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--no-readme", action="store_true", help="print the section, do not write docs/benchmarks.md")
     ap.add_argument("--write", action="store_true", help=f"pre-register phase {phase} (once)")

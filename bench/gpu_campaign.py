@@ -149,19 +149,22 @@ GX_EAGER_BATCHES = [1, 128, 512, 640]
 GP_BATCHES = [1, 8, 32, 128]  # the tables' batch sizes (a draft loop pass runs over B tokens)
 
 
-def forward_probe(model: str, eager: bool = False, piecewise: bool = False, **over) -> dict:
-    """A plain engine of `model` on the V1 runner: with vLLM's default CUDA graphs (a decode step replays one FULL
-    graph), without any (`eager`: cudagraph_mode NONE) or with PIECEWISE graphs only (`piecewise`: each layer's
+# forward_probe's modes other than vLLM's default graphs, as compilation_config cudagraph_mode values.
+_PROBE_CUDAGRAPH_MODE = {"eager": "NONE", "piecewise": "PIECEWISE"}
+
+
+def forward_probe(model: str, mode: str = "graphs", **over) -> dict:
+    """A plain engine of `model` on the V1 runner, `mode`: "graphs", vLLM's default CUDA graphs (a decode step
+    replays one FULL graph); "eager", none (cudagraph_mode NONE); "piecewise", PIECEWISE graphs only (each layer's
     attention launched from the host between graph pieces, as vLLM 0.26's drafter runs its passes:
     v1/spec_decode/llm_base_proposer.py initialize_cudagraph_keys)."""
-    over.setdefault("batches", GX_EAGER_BATCHES if eager else GX_BATCHES)
+    over.setdefault("batches", GX_EAGER_BATCHES if mode == "eager" else GX_BATCHES)
     over.setdefault("repeats", 3)
     spec = engine(model, None, 0, max_tokens=48, gpu_trace=True, env={"VLLM_USE_V2_MODEL_RUNNER": "0"}, **over)
     spec["max_num_seqs"] = max(spec["batches"])
-    mode = "eager" if eager else "piecewise" if piecewise else "graphs"
     spec["id"] = f"gx-{model}-{mode}-tp1"
-    if eager or piecewise:
-        spec["engine_kwargs"] = {"compilation_config": {"cudagraph_mode": "NONE" if eager else "PIECEWISE"}}
+    if mode != "graphs":
+        spec["engine_kwargs"] = {"compilation_config": {"cudagraph_mode": _PROBE_CUDAGRAPH_MODE[mode]}}
     return spec
 
 
@@ -300,28 +303,28 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # Forward passes across the CUDA-graph limit (forward_probe), the MoE target of the worst-predicted table and
         # its draft first, then a tuned MoE target and a dense one; GX2 repeats the Qwen1.5-MoE pair's K=3 and K=4
         # at batch 128 (512 tokens graphed, 640 eager) with the GPU trace on.
-        "GX": [("gpu0", "0", 120, [forward_probe(qm), forward_probe(qm, eager=True), forward_probe(q05),
-                                   forward_probe(q05, eager=True), forward_probe(mx, util=0.9),
-                                   forward_probe(mx, eager=True, util=0.9), forward_probe(l8),
-                                   forward_probe(l8, eager=True)])],
+        "GX": [("gpu0", "0", 120, [forward_probe(qm), forward_probe(qm, mode="eager"), forward_probe(q05),
+                                   forward_probe(q05, mode="eager"), forward_probe(mx, util=0.9),
+                                   forward_probe(mx, mode="eager", util=0.9), forward_probe(l8),
+                                   forward_probe(l8, mode="eager")])],
         "GX2": [("gpu0", "0", 120, [dict(engine(qm, q05, k, batches=[128], repeats=5, gpu_trace=True),
                                          id=f"gx-{qm}-{q05}-k{k}-tp1") for k in (4, 3)])],
         # What GX's deadline left out, at fewer batch sizes (1: the launch time; 512 / 640: both sides of the limit).
-        "GX3": [("gpu0", "0", 150, [forward_probe(mx, eager=True, util=0.9, batches=[1, 640]),
+        "GX3": [("gpu0", "0", 150, [forward_probe(mx, mode="eager", util=0.9, batches=[1, 640]),
                                     forward_probe(mx, util=0.9, batches=[1, 512, 640]),
-                                    forward_probe(l8, eager=True, batches=[1, 640]),
+                                    forward_probe(l8, mode="eager", batches=[1, 640]),
                                     forward_probe(l8, batches=[1, 512, 640]),
-                                    forward_probe(q05, eager=True, batches=[1, 640])])],
+                                    forward_probe(q05, mode="eager", batches=[1, 640])])],
         # The check of EAGER_HOST_LAYER_MS on architectures that set no constant (a Qwen3 layer has q/k norms, a
         # Qwen2 one qkv biases), pre-registered first (bench/eager_launch.py --write).
-        "GX4": [("gpu0", "0", 90, [forward_probe(q8, eager=True, batches=[1, 640]),
-                                   forward_probe(q05, eager=True, batches=[1, 640]),
+        "GX4": [("gpu0", "0", 90, [forward_probe(q8, mode="eager", batches=[1, 640]),
+                                   forward_probe(q05, mode="eager", batches=[1, 640]),
                                    forward_probe(q8, batches=[1, 512, 640])])],
         # The draft loop's per-layer host cost by draft (pre-registered first: bench/piecewise_launch.py --write):
         # each host-bound draft of the tables as a plain engine with PIECEWISE graphs only (its drafter passes'
         # mode) and with the default FULL decode graph, back to back in one lease (host speed moves between leases).
-        "GP": [("gpu0", "0", 90, [forward_probe(m, piecewise=pw, batches=GP_BATCHES, repeats=5)
-                                  for m in (l1, q05, q06, "Qwen3-1.7B", m7) for pw in (True, False)])],
+        "GP": [("gpu0", "0", 90, [forward_probe(m, mode, batches=GP_BATCHES, repeats=5)
+                                  for m in (l1, q05, q06, "Qwen3-1.7B", m7) for mode in ("piecewise", "graphs")])],
         # Sliding-window / hybrid KV-cache groups (issue 16), memory only, predicted first
         # (draftfit/data/predictions/2026-12-01_sliding_window_memory__H200.json): Gemma-2-9b alone (2 groups of 21),
         # Gemma-3-12b text-only alone at its 131072 context (five sliding groups keep window - 1 + 2 x 16384

@@ -68,18 +68,18 @@ def render() -> tuple[str, dict]:
     figures: dict = {"measured": measured, "ratios": ratios}
     rows = []
     if pre:
+        hyp = pre["hypotheses"]
         for d in DRAFTS:
-            hyp = pre["hypotheses"]
             r = ratios.get(d)
             rows.append([d, model_spec(d).num_layers, f"{hyp['one_cost']['ratios'][d]:.2f}",
                          f"{hyp['table_slopes']['ratios'][d]:.2f}",
                          f"{hyp['table_slopes']['ms_per_layer'][d]:.3f}",
                          f"{measured[d]:.3f}" if d in measured else "not measured",
                          f"{r:.2f}" if r is not None else "-"])
+        scored = [d for d in DRAFTS if d in ratios and d != REFERENCE]  # the reference's ratio is 1 by definition
         for name in ("one_cost", "table_slopes"):
-            held = [d for d in DRAFTS if d in ratios and d != REFERENCE]
-            figures[name] = sum(abs(pre["hypotheses"][name]["ratios"][d] - ratios[d]) <= AGREE for d in held)
-        figures["drafts"] = len([d for d in DRAFTS if d in ratios and d != REFERENCE])
+            figures[name] = sum(abs(hyp[name]["ratios"][d] - ratios[d]) <= AGREE for d in scored)
+        figures["drafts"] = len(scored)
     by_step = [[s["model"], s["mode"], s["batch"], f"{s['step_ms']:.2f}", " / ".join(f"{r:.1f}" for r in s["repeats_ms"])]
                for s in sorted(steps, key=lambda s: (DRAFTS.index(s["model"]) if s["model"] in DRAFTS else 99,
                                                       s["mode"], s["batch"]))]

@@ -151,11 +151,11 @@ def _line_floor(tables) -> dict:
     errs: dict = {}
     for t in tables:
         for b in t.batches:
-            ks = [k for k in t.ks if t.spec_step_ms(k, b)]
-            if len(ks) < 3:
+            steps = {k: s for k in t.ks if (s := t.spec_step_ms(k, b))}
+            if len(steps) < 3:
                 continue
-            a, slope = _linear_fit(ks, [t.spec_step_ms(k, b) for k in ks])
-            errs.setdefault(_config_label(t), []).extend(abs(t.spec_step_ms(k, b) / (a + slope * k) - 1) for k in ks)
+            a, slope = _linear_fit(list(steps), list(steps.values()))
+            errs.setdefault(_config_label(t), []).extend(abs(s / (a + slope * k) - 1) for k, s in steps.items())
     return {cfg: (sum(v) / len(v), len(v)) for cfg, v in sorted(errs.items())}
 
 

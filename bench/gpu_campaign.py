@@ -34,6 +34,7 @@ Phases (the lead launches each as its own command):
            Qwen1.5-0.5B (same K); MC: memory only, the MoE targets alone and with their drafts at 8192 tokens
   M2R      one GPU: second starts of M2's engines in one lease (5 repeats, 8192 tokens, baseline first and last);
            M2R3: third starts of its K 6, 3, 2, 5; M2R4: third starts of K 2, 1 (the batch-32 advice)
+           M2R5: further starts of K 4, 5, 3, 6, 2 and the baseline, repeats round the batch sizes (interleave)
   PM       one GPU: Qwen3-30B-A3B + Qwen3-0.6B, the held-out MoE check (predicted beforehand; never in a fit)
   GX / GX2 one GPU: plain forward passes of 1-768 tokens with and without CUDA graphs (Qwen1.5-MoE-A2.7B,
            Qwen1.5-0.5B, Mixtral-8x7B, Llama-3.1-8B; forward_probe); GX2: the Qwen1.5-MoE pair at batch 128, K 4 / 3;
@@ -254,6 +255,13 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # there, 4 % apart with engine spreads of 8-10 %; then the baseline again in the same lease.
         "M2R4": [("gpu0", "0", 120, _restarts(qm, q05, (2, 1), suffix="-r3", repeats=5, max_model_len=8192)
                   + _restarts(qm, q05, (0,), suffix="-r4", repeats=5, max_model_len=8192))],
+        # Fourth starts of the K whose tables sit farthest from a line over K (K=4 and K=5 had two starts, both below
+        # the line at batch 1 and above it at batch 8; K 3, 6, 2 a third each above it at batch 1), with the repeats
+        # going round the batch sizes (worker `interleave`): within one engine the host-bound step moved between
+        # batch sizes in opposite directions, a host state lasting longer than one batch's repeats. Then the
+        # baseline, interleaved too, in the same lease.
+        "M2R5": [("gpu0", "0", 120, _restarts(qm, q05, (4, 5, 3, 6, 2, 0), suffix="-r5", repeats=5,
+                                              max_model_len=8192, interleave=True))],
         # Memory only, for the KV-token check against vLLM's log (never used to fit constants): the MoE targets
         # alone and with their drafts at a longer context than the timing phases' 2048.
         # Qwen3-Next-80B-A3B's shapes (alibaba/InferSim hf_configs, commit 1201bedf) with 24 of its 48 layers (18

@@ -206,9 +206,11 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
             "tp": 1, "batches": [2], "max_tokens": 6, "prompt_len": 8, "repeats": 2, "max_model_len": 256,
             "vocab_size": 8000, "max_num_seqs": 2, "synthetic": False, "engine_kwargs": {"dtype": "float32"},
             "pyspy": True}
+    # The same pair with its repeats going round two batch sizes (`interleave`, phase M2R5 on the GPU).
+    rounds = dict(spec, id="tiny-k2-interleaved", batches=[1, 2], max_tokens=4, pyspy=False, interleave=True)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(ROOT))
     with heavy_lock():  # the deadline starts once the lock is ours, not while waiting for it
-        lane = {"name": "test", "deadline_unix": time.time() + 600, "configs": [spec]}
+        lane = {"name": "test", "deadline_unix": time.time() + 600, "configs": [spec, rounds]}
         (tmp_path / "lane.json").write_text(json.dumps(lane))
         subprocess.run([sys.executable, "-m", "draftfit.calibration.worker", "--lane", str(tmp_path / "lane.json"),
                         "--out", str(tmp_path / "out.json"), "--work-dir", str(tmp_path / "work")],
@@ -232,6 +234,15 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
     # The host's speed at Python calls and torch dispatch, per engine start (compares lent machines).
     bench = entry["result"]["host_bench"]
     assert 0 < bench["python_call_us"] < 50 and 0 < bench["torch_op_us"] < 1000
+    # Interleaved: every batch size measured, its repeats alternating in time with the other size's.
+    inter = json.loads((tmp_path / "out.json").read_text())["configs"][1]
+    assert inter["status"] == "ok", inter.get("error")
+    rows = inter["result"]["batches"]
+    assert set(rows) == {"1", "2"} and all(r.get("interleaved") and len(r["tM_s"]) == 2 for r in rows.values())
+    (a0, _), (a1, _) = rows["1"]["repeat_spans_unix"]
+    (b0, _), (b1, _) = rows["2"]["repeat_spans_unix"]
+    assert a0 < b0 < a1 < b1
+    assert rows["2"]["num_drafts"] > 0 and rows["1"]["tpot_ms"] > 0
 
 
 def test_each_repeat_is_divided_by_its_own_step_count():

@@ -432,55 +432,64 @@ def run_engine(spec: dict, out_path: str) -> dict:
 
     # Warm-up of the decode path at the largest batch (the engine captured graphs but never ran them).
     gen(max(batches), min(max_tokens, 32))
-    for batch in sorted(batches):
-        if _now() > deadline - 5:
+    order = sorted(batches)
+    # `interleave`: the repeats go round the batch sizes (1, 8, 32, 128, 1, 8, ...) instead of batch after batch. A
+    # host-bound step moves with the host's state, which lasts seconds to minutes (Qwen1.5-MoE + 0.5B K=3 at
+    # batch 128: repeats 31, 41, then 55 ms three times), so batch after batch one size can fall wholly in a slow
+    # spell and the next in a fast one; in rounds each size samples the whole measurement.
+    interleave = bool(spec.get("interleave"))
+    state = {b: {"t1s": [], "tms": [], "deltas": [], "toks": [], "spans": [], "hosts": [], "pyspy": None}
+             for b in order}
+
+    def one_repeat(batch: int) -> None:
+        st = state[batch]
+        st["t1s"].append(gen(batch, 1)[0])
+        before, host_before = _counters(llm), host_snapshot()
+        spy = None
+        if spec.get("pyspy") and len(st["hosts"]) == 1 and st["hosts"][0].get("procs"):
+            # The second repeat, on the process that was busiest in the first, for about its length: the
+            # busiest but this one (the LLM client) when there is another, as the engine core runs in a
+            # child process unless it is in-process; on a loaded 2-core host the client can outrun it.
+            procs = st["hosts"][0]["procs"]
+            target = next((p for p in procs if p["pid"] != os.getpid()), procs[0])
+            spy = PySpyRecord(target["pid"], math.ceil(st["tms"][0] + PYSPY_ATTACH_S),
+                              f"{out_path}.pyspy-b{batch}.txt")
+        with spy or contextlib.nullcontext():
+            if spy:
+                time.sleep(PYSPY_ATTACH_S)  # py-spy attaches first: a short repeat would be over
+            t_rep = _now()
+            wall, ntok = gen(batch, max_tokens)
+        if spy:
+            st["pyspy"] = spy.summary()
+        st["spans"].append((round(t_rep, 3), round(t_rep + wall, 3)))
+        st["hosts"].append(host_delta(host_snapshot(), host_before))
+        st["deltas"].append(_delta(_counters(llm), before))
+        st["tms"].append(wall)
+        st["toks"].append(ntok)
+
+    def finish(batch: int, trace=None) -> None:
+        st = state[batch]
+        if not st["tms"]:
             result["batches"][str(batch)] = {"skipped": "deadline"}
             flush()
-            continue
-        gen(batch, 8)  # warm-up of this batch's graphs
-        t1s, tms, deltas, toks, spans, hosts, pyspy = [], [], [], [], [], [], None
-        trace = GpuTrace() if spec.get("gpu_trace") else None
-        with trace or contextlib.nullcontext():
-            for _ in range(repeats):
-                t1s.append(gen(batch, 1)[0])
-                before, host_before = _counters(llm), host_snapshot()
-                spy = None
-                if spec.get("pyspy") and len(hosts) == 1 and hosts[0].get("procs"):
-                    # The second repeat, on the process that was busiest in the first, for about its length: the
-                    # busiest but this one (the LLM client) when there is another, as the engine core runs in a
-                    # child process unless it is in-process; on a loaded 2-core host the client can outrun it.
-                    procs = hosts[0]["procs"]
-                    target = next((p for p in procs if p["pid"] != os.getpid()), procs[0])
-                    spy = PySpyRecord(target["pid"], math.ceil(tms[0] + PYSPY_ATTACH_S),
-                                      f"{out_path}.pyspy-b{batch}.txt")
-                with spy or contextlib.nullcontext():
-                    if spy:
-                        time.sleep(PYSPY_ATTACH_S)  # py-spy attaches first: a short repeat would be over
-                    t_rep = _now()
-                    wall, ntok = gen(batch, max_tokens)
-                if spy:
-                    pyspy = spy.summary()
-                spans.append((round(t_rep, 3), round(t_rep + wall, 3)))
-                hosts.append(host_delta(host_snapshot(), host_before))
-                deltas.append(_delta(_counters(llm), before))
-                tms.append(wall)
-                toks.append(ntok)
-                if _now() > deadline - 5:
-                    break
+            return
+        t1s, tms, deltas = st["t1s"], st["tms"], st["deltas"]
         decode_s = max(statistics.median(tms) - statistics.median(t1s), 1e-9)
-        row = {"t1_s": t1s, "tM_s": tms, "tokens": toks, "decode_s": decode_s,
+        row = {"t1_s": t1s, "tM_s": tms, "tokens": st["toks"], "decode_s": decode_s,
                "tpot_ms": 1000 * decode_s / (max_tokens - 1), "max_tokens": max_tokens,
                "prompt_len": prompt_len, "counters": deltas[-1] if deltas else {},
                # Per repeat: drafts (= request-steps) and engine steps, to pair each timing with its own steps.
                "drafts_per_repeat": [d.get("vllm:spec_decode_num_drafts") for d in deltas],
                "engine_steps_per_repeat": [d.get("engine_steps") for d in deltas],
                # Host load while timing: the host-bound (small-draft) rows vary with it between engine starts.
-               "loadavg_1m": round(os.getloadavg()[0], 2), "repeat_spans_unix": spans,
-               "host_per_repeat": hosts}
+               "loadavg_1m": round(os.getloadavg()[0], 2), "repeat_spans_unix": st["spans"],
+               "host_per_repeat": st["hosts"]}
+        if interleave:
+            row["interleaved"] = True
         if trace:
             row["gpu_trace"] = trace.samples()
-        if pyspy is not None:
-            row["pyspy"] = pyspy
+        if st["pyspy"] is not None:
+            row["pyspy"] = st["pyspy"]
         if k > 0 and deltas:
             drafts = statistics.median(d.get("vllm:spec_decode_num_drafts", 0) for d in deltas)
             accepted = statistics.median(d.get("vllm:spec_decode_num_accepted_tokens", 0) for d in deltas)
@@ -492,6 +501,29 @@ def run_engine(spec: dict, out_path: str) -> dict:
             row.update(steps=max_tokens - 1, step_ms=1000 * decode_s / (max_tokens - 1))
         result["batches"][str(batch)] = row
         flush()
+
+    if interleave:
+        for batch in order:
+            gen(batch, 8)  # warm-up of each batch's graphs
+        for _ in range(repeats):
+            for batch in order:
+                if _now() <= deadline - 5:
+                    one_repeat(batch)
+        for batch in order:
+            finish(batch)
+    else:
+        for batch in order:
+            if _now() > deadline - 5:
+                finish(batch)
+                continue
+            gen(batch, 8)  # warm-up of this batch's graphs
+            trace = GpuTrace() if spec.get("gpu_trace") else None
+            with trace or contextlib.nullcontext():
+                for _ in range(repeats):
+                    one_repeat(batch)
+                    if _now() > deadline - 5:
+                        break
+            finish(batch, trace)
     result["measure_s"] = round(_now() - t0 - result["startup_s"], 2)
     flush("ok")
     return result

@@ -34,7 +34,8 @@ Phases (the lead launches each as its own command):
            Qwen1.5-0.5B (same K); MC: memory only, the MoE targets alone and with their drafts at 8192 tokens
   M2R      one GPU: second starts of M2's engines in one lease (5 repeats, 8192 tokens, baseline first and last);
            M2R3: third starts of its K 6, 3, 2, 5; M2R4: third starts of K 2, 1 (the batch-32 advice)
-           M2R5: further starts of K 4, 5, 3, 6, 2 and the baseline, repeats round the batch sizes (interleave)
+           M2R5: further starts of K 4, 5, 3, 6, 2, the baseline and K 1, repeats round the batch sizes (interleave)
+           M2T: diagnostics (not ingested): K 2, 1, 3 of that pair with the GPU trace and py-spy
   PM       one GPU: Qwen3-30B-A3B + Qwen3-0.6B, the held-out MoE check (predicted beforehand; never in a fit)
   GX / GX2 one GPU: plain forward passes of 1-768 tokens with and without CUDA graphs (Qwen1.5-MoE-A2.7B,
            Qwen1.5-0.5B, Mixtral-8x7B, Llama-3.1-8B; forward_probe); GX2: the Qwen1.5-MoE pair at batch 128, K 4 / 3;
@@ -260,8 +261,14 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # going round the batch sizes (worker `interleave`): within one engine the host-bound step moved between
         # batch sizes in opposite directions, a host state lasting longer than one batch's repeats. Then the
         # baseline, interleaved too, in the same lease.
-        "M2R5": [("gpu0", "0", 120, _restarts(qm, q05, (4, 5, 3, 6, 2, 0), suffix="-r5", repeats=5,
+        "M2R5": [("gpu0", "0", 120, _restarts(qm, q05, (4, 5, 3, 6, 2, 0, 1), suffix="-r5", repeats=5,
                                               max_model_len=8192, interleave=True))],
+        # Diagnostics, never ingested (ids end in -t): the same pair's K 1, 2, 3 with the GPU trace (busy time per step)
+        # and py-spy on the engine core, batch after batch: is a step of this MoE pair host-bound where its K=1 -> 2
+        # increment at batch 1 (about 10 ms, twice a dense 8B target's with a draft of as many layers) is, and
+        # what the host runs in it.
+        "M2T": [("gpu0", "0", 120, _restarts(qm, q05, (2, 1, 3, 0), suffix="-t", repeats=5, max_model_len=8192,
+                                             gpu_trace=True, pyspy=True))],
         # Memory only, for the KV-token check against vLLM's log (never used to fit constants): the MoE targets
         # alone and with their drafts at a longer context than the timing phases' 2048.
         # Qwen3-Next-80B-A3B's shapes (alibaba/InferSim hf_configs, commit 1201bedf) with 24 of its 48 layers (18

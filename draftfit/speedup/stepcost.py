@@ -160,7 +160,7 @@ UNTUNED_MOE_NOTE = (
     "target measured, Qwen1.5-MoE-A2.7B on the H200 (E=60,N=1408; its table: draftfit calibrate --show "
     "Qwen1.5-MoE-A2.7B), ran plain steps of 256-768 tokens within 10 % of draftfit's step-cost model, which has no "
     "default-config penalty, while at batch 128 and K 2-3 (384-512 graphed tokens) draftfit's speedups, fitted "
-    "without that table, were 20-28 % above the measured ones; the printed speedups there may be too high. A config "
+    "without that table, were 17-24 % above the measured ones; the printed speedups there may be too high. A config "
     "tuned for the server (vLLM's benchmarks/kernels/benchmark_moe.py --tune, then VLLM_TUNED_CONFIG_FOLDER) removes "
     "the doubt")
 

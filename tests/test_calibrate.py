@@ -207,7 +207,8 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
             "vocab_size": 8000, "max_num_seqs": 2, "synthetic": False, "engine_kwargs": {"dtype": "float32"},
             "pyspy": True}
     # The same pair with its repeats going round two batch sizes (`interleave`, phase M2R5 on the GPU).
-    rounds = dict(spec, id="tiny-k2-interleaved", batches=[1, 2], max_tokens=4, pyspy=False, interleave=True)
+    rounds = dict(spec, id="tiny-k2-interleaved", batches=[1, 2], max_tokens=4, pyspy=False, interleave=True,
+                  gpu_trace=True)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(ROOT))
     with heavy_lock():  # the deadline starts once the lock is ours, not while waiting for it
         lane = {"name": "test", "deadline_unix": time.time() + 600, "configs": [spec, rounds]}
@@ -243,6 +244,7 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
     (b0, _), (b1, _) = rows["2"]["repeat_spans_unix"]
     assert a0 < b0 < a1 < b1
     assert rows["2"]["num_drafts"] > 0 and rows["1"]["tpot_ms"] > 0
+    assert all(r["gpu_trace"] == [] for r in rows.values())  # asked for; no nvidia-smi on this machine
 
 
 def test_each_repeat_is_divided_by_its_own_step_count():

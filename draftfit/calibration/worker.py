@@ -18,6 +18,8 @@ Timing per batch size B (prompts of `prompt_len` tokens, `ignore_eos`, prefix ca
   decode_s = median(tM) - median(t1); tpot_ms = decode_s / (M - 1)
   engine steps: M - 1 for the baseline; for speculation num_drafts / B (each running request gets one
   draft per engine step), so step_ms = decode_s / steps is the cost of one verify + K draft passes.
+The repeats of one batch size run back to back, then the next size's; a spec with `interleave` runs them in
+rounds over the batch sizes instead (1, 8, 32, 128, 1, 8, ...).
 """
 
 from __future__ import annotations
@@ -487,7 +489,8 @@ def run_engine(spec: dict, out_path: str) -> dict:
         if interleave:
             row["interleaved"] = True
         if trace:
-            row["gpu_trace"] = trace.samples()
+            row["gpu_trace"] = [x for x in trace.samples()
+                                if not interleave or any(lo <= x[0] <= hi for lo, hi in st["spans"])]
         if st["pyspy"] is not None:
             row["pyspy"] = st["pyspy"]
         if k > 0 and deltas:
@@ -505,12 +508,15 @@ def run_engine(spec: dict, out_path: str) -> dict:
     if interleave:
         for batch in order:
             gen(batch, 8)  # warm-up of each batch's graphs
-        for _ in range(repeats):
-            for batch in order:
-                if _now() <= deadline - 5:
-                    one_repeat(batch)
+        # One GPU trace over all the rounds; each batch size's row keeps the samples inside its own repeats.
+        trace = GpuTrace() if spec.get("gpu_trace") else None
+        with trace or contextlib.nullcontext():
+            for _ in range(repeats):
+                for batch in order:
+                    if _now() <= deadline - 5:
+                        one_repeat(batch)
         for batch in order:
-            finish(batch)
+            finish(batch, trace)
     else:
         for batch in order:
             if _now() > deadline - 5:

@@ -19,7 +19,7 @@ Phases (the lead launches each as its own command):
   A2       x2: the K that phase A had no time for (Llama 3, 6; Qwen 1, 3, 6), no baseline
   A-llama  / A-qwen: one of those lanes on a one-GPU machine
   B        x2, TP=2: Llama-3.1-70B baseline, + Llama-3.2-1B and + Llama-3.1-8B at K 4, 2, then 6, 1
-  B2       x2, TP=2: more K for phase B's pairs (1B: 2, 8, 1; 8B: 2, 6), no baseline
+  B2       x2, TP=2 (issue 20): baseline, K 2, 8, 1, 3, 6 of phase B's pairs at 0.8, K 1-8 at 0.6, baseline again
   D        one GPU: Qwen2.5-Coder-32B + Qwen2.5-Coder-7B (baseline, K 4,2,3,6,1,8), then second engine
            starts of baseline, K=4, K=2 (ids end in -r2); `--skip` drops the ids an earlier call finished
   R2       one GPU: second starts of the 8B pairs' baselines and K=1, K=2
@@ -359,10 +359,15 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
                                    engine(l70, l8, 4, 2, **big), engine(l70, l1, 2, 2, **big),
                                    engine(l70, l8, 2, 2, **big), engine(l70, l1, 6, 2, **big),
                                    engine(l70, l8, 1, 2, **big)])],
-        # Phase B ran 3 engines in 540 s (baseline, +1B K=4, +8B K=4): a second K per pair first.
-        "B2": [("tp2", "0,1", 150, [engine(l70, l1, 2, 2, **big), engine(l70, l8, 2, 2, **big),
-                                    engine(l70, l1, 8, 2, **big), engine(l70, l1, 1, 2, **big),
-                                    engine(l70, l8, 6, 2, **big)])],
+        # Issue 20: the K sweep of phase B's pairs (B ran 3 engines in 540 s: baseline, +1B K=4, +8B K=4). The
+        # baseline first (speculation and its baseline in one lease), then K 2, 8, 1, 3, 6 of both drafts at 0.8
+        # (K=4 is in the tables), then both at 0.6 (K 4, 2, 1, 3, 6, 8), the baseline again at the end; one engine
+        # at a time, continued with --skip over calls. Predicted before it runs: draftfit/data/predictions/
+        # 2026-12-03_Llama-3.1-70B__*__tp2__a0.{8,6}.json.
+        "B2": [("tp2", "0,1", 150, [engine(l70, None, 0, 2, **big)]
+                + [engine(l70, d, k, 2, **big) for k in (2, 8, 1, 3, 6) for d in (l1, l8)]
+                + [engine(l70, d, k, 2, acceptance=0.6, **big) for k in (4, 2, 1, 3, 6, 8) for d in (l1, l8)]
+                + _restarts(l70, None, (0,), tp=2, suffix="-r2", **big))],
         # Leftovers of A (run after C2 when device time remains).
         "A2": [("gpu0", "0", 90, [engine(l8, l1, k) for k in (3, 6)]),
                ("gpu1", "1", 90, [engine(q8, q06, k) for k in (1, 3, 6)])],

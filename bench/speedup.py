@@ -515,7 +515,7 @@ def render_preregistered(records: list[dict]) -> str:
     lines = []
     for r in records:
         head = (f"Pre-registered: {r['target']} + {r['draft']} on {r['gpu']} TP={r['tp']} at acceptance "
-                f"{r['alpha']:g}, predicted on {r['created']} before any engine of this configuration ran "
+                f"{r['alpha']:g}, predicted on {r['created']} before any of the (batch, K) points it predicts was measured "
                 f"(draftfit/data/predictions/{r['file']}; measured by campaign phase {r.get('phase') or 'P'})")
         pts = r["points"]
         if not pts:

@@ -263,12 +263,14 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # baseline, interleaved too, in the same lease.
         "M2R5": [("gpu0", "0", 120, _restarts(qm, q05, (4, 5, 3, 6, 2, 0, 1), suffix="-r5", repeats=5,
                                               max_model_len=8192, interleave=True))],
-        # Diagnostics, never ingested (ids end in -t): the same pair's K 1, 2, 3 with the GPU trace (busy time per step)
-        # and py-spy on the engine core, batch after batch: is a step of this MoE pair host-bound where its K=1 -> 2
+        # Diagnostics, never ingested (`diagnostic`, since M2Ta/M2Tb ran without it: ingest leaves such engines out,
+        # and the GPU_CAMPAIGN commands never name those two files): the same pair's K 1, 2, 3 with the GPU trace
+        # (busy time per step) and py-spy on the engine core, batch after batch: is a step of this MoE pair host-bound
+        # where its K=1 -> 2
         # increment at batch 1 (about 10 ms, twice a dense 8B target's with a draft of as many layers) is, and
         # what the host runs in it.
         "M2T": [("gpu0", "0", 120, _restarts(qm, q05, (2, 1, 3, 0), suffix="-t", repeats=5, max_model_len=8192,
-                                             gpu_trace=True, pyspy=True))],
+                                             gpu_trace=True, pyspy=True, diagnostic=True))],
         # Memory only, for the KV-token check against vLLM's log (never used to fit constants): the MoE targets
         # alone and with their drafts at a longer context than the timing phases' 2048.
         # Qwen3-Next-80B-A3B's shapes (alibaba/InferSim hf_configs, commit 1201bedf) with 24 of its 48 layers (18

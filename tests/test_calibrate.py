@@ -140,6 +140,26 @@ def test_ingest_builds_a_table_that_prediction_finds(tmp_path):
     assert load_table(paths[0]).ks == [2, 4]
 
 
+def test_ingest_leaves_engines_declared_diagnostic_out(tmp_path):
+    """A phase's diagnostic engines (spec `diagnostic`, e.g. M2T's traced starts) stay out of the tables, as those
+    with a changed vLLM environment do: a slower K=2 start declared diagnostic does not move the pooled K=2."""
+    import copy
+
+    lane = json.loads(_lane_file(tmp_path).read_text())
+    for i, flag in enumerate(({"diagnostic": True}, {"env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}})):
+        extra = copy.deepcopy(lane["configs"][1])
+        extra["id"] = extra["result"]["spec"]["id"] = f"k2-diag{i}"
+        extra["result"]["spec"].update(flag)
+        for row in extra["result"]["batches"].values():
+            row["tpot_ms"] *= 3
+            row["step_ms"] *= 3
+        lane["configs"].append(extra)
+    path = tmp_path / "D_gpu0.json"
+    path.write_text(json.dumps(lane))
+    t = load_table(ingest_results([path], directory=tmp_path / "cal")[0])
+    assert t.measured_speedup(2, 1) == pytest.approx(2.0) and "engines" not in t.spec["2"]["1"]
+
+
 def test_cli_ingest_and_fit_without_data(tmp_path):
     lane = _lane_file(tmp_path)
     out = tmp_path / "cal" / "table.json"

@@ -537,9 +537,10 @@ def tables_from_results(results: list[dict], *, command: str = "") -> list[Calib
     for res in results:
         if not res or res.get("status") not in ("ok",) or res.get("spec", {}).get("memory_only"):
             continue
-        if res["spec"].get("env"):
+        if res["spec"].get("env") or res["spec"].get("diagnostic"):
             # A changed vLLM environment (e.g. the engine core in-process) measures another setup than
-            # `vllm serve`: such diagnostic engines stay in raw/ and never enter a table.
+            # `vllm serve`, and a campaign phase may declare its engines diagnostics before they run (phase M2T):
+            # such engines stay in raw/ and never enter a table.
             continue
         spec = res["spec"]
         target, draft, tp = spec["target"], spec.get("draft"), int(spec.get("tp", 1))

@@ -35,9 +35,12 @@ cd - >/dev/null
 python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
   -d "$DEST/x$last" py-spy 2>&1 | grep -v "WARNING: Location" || true
 echo "[prepare] stream $(stat -c %s "$DEST/stream/all.bin") bytes, sha256 $(cut -d' ' -f1 "$DEST/x$last/all.sha256"); chunks: $(ls -d "$DEST"/x[0-9]* | tr '\n' ' ')"
+# The wheel's one file that matters is its binary (py_spy-X.data/scripts/py-spy); unzipped by the standard library
+# into <site>/bin, so the install needs no pip on the lent machine, and a missing wheel only leaves py-spy out.
+PYSPY_UNPACK="import glob,os,zipfile; w=glob.glob('py_spy-*.whl'); z=w and zipfile.ZipFile(w[0]); n=z and [x for x in z.namelist() if x.endswith('/scripts/py-spy')]; os.makedirs('/root/site/bin',exist_ok=True); n and open('/root/site/bin/py-spy','wb').write(z.read(n[0])); n and os.chmod('/root/site/bin/py-spy',0o755); print('[install] py-spy', 'unpacked' if n else 'not carried')"
 cat <<EOT
 Device calls, back to back (a machine goes back 30 s after a call):
   call 1..$((last-1)): carry ["$DEST/xN"]   command: mkdir -p /root/parts && cp $DEST/xN/* /root/parts/
   call $last: carry ["$DEST/x$last"]  command:
-    mkdir -p /root/parts /root/site && cp $DEST/x$last/* /root/parts/ && cd /root/parts && cat part.* | sha256sum | cut -c1-64 | diff - <(cut -c1-64 all.sha256) && cat part.* | xz -dc -T0 | tar -xi -C /root/site && python3 -m pip install -q --no-deps --no-index --target /root/site py_spy-*.whl && cd - && export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1 && python3 bench/gpu_campaign.py --phase ... --out \$OUT --budget-s 530
+    mkdir -p /root/parts /root/site && cp $DEST/x$last/* /root/parts/ && cd /root/parts && cat part.* | sha256sum | cut -c1-64 | diff - <(cut -c1-64 all.sha256) && cat part.* | xz -dc -T0 | tar -xi -C /root/site && python3 -c "$PYSPY_UNPACK" && cd - && export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1 && python3 bench/gpu_campaign.py --phase ... --out \$OUT --budget-s 530
 EOT

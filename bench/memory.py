@@ -228,7 +228,10 @@ def main() -> None:
             "0.26's source with no constant fitted: under dummy weights a head drafts with the target's lm_head, and "
             "an EAGLE-3 head's dummy run keeps the three target hidden states it fuses. The Qwen3-8B head's K 1, 2 "
             "and 4 records (fourteenth session, the rest of phase HQ) came after both terms and are fitted on "
-            "nothing.\n\n"
+            "nothing. Nor are the cross-family pairs of the eighteenth session (phase X2: Qwen3-8B + Qwen1.5-0.5B, "
+            "and Qwen1.5-MoE-A2.7B + Qwen3-0.6B, whose draft's KV page is half its target's, so vLLM doubles the "
+            "draft's block size; and Qwen3-8B + Qwen3-0.6B at K=6), taken from timed engines with no prediction "
+            "written first: within 0.21 %.\n\n"
             + markdown_table(["case", "models", "where", "layout", "vLLM KV tokens", "draftfit", "error",
                               "weights-only (error)", "source"], rows())
             + "\n\nPer term on the GPU records, GiB, draftfit / vLLM (`Actual usage is W for weight, A for peak "

@@ -200,6 +200,17 @@ def served_spec(layout: Layout) -> ModelSpec:
     return layout.target if quant == layout.target.quantization else replace(layout.target, quantization=quant)
 
 
+def acceptance_for(target: ModelSpec, draft: ModelSpec, workload: str = "chat",
+                   temperature: float = 0.0) -> AcceptanceEstimate | None:
+    """The acceptance a drafter is priced at when the user gives none: their stored measurement of the pair first,
+    else the prior (a model-free drafter's replayed one, a draft model's or head's fitted one, each with its band
+    and citation). None: no prior exists for the method (suffix) and nothing is measured."""
+    if draft.method in NO_MODEL_METHODS:
+        return (measured_acceptance(target, draft, workload, temperature)
+                or method_acceptance(draft.method, workload, temperature))
+    return prior_acceptance(target, draft, workload, temperature)
+
+
 def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: AcceptanceEstimate | None = None,
                   k_values=K_VALUES) -> PairEvaluation:
     """Every stage for one drafter on `layout`. `acceptance` overrides the store/prior lookup (a measured run)."""
@@ -222,13 +233,7 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
                 mem_fix = f"{first['draftfit']} (vLLM: {first['fix']})" if first else memory.fix
         except DraftfitError as exc:
             mem_err, mem_fix = exc.message, exc.fix
-    if acceptance is not None:
-        est = acceptance
-    elif d.method in NO_MODEL_METHODS:  # the user's measurement of it first, else the replayed prior
-        est = (measured_acceptance(target, d, layout.workload, layout.temperature)
-               or method_acceptance(d.method, layout.workload, layout.temperature))
-    else:
-        est = prior_acceptance(target, d, layout.workload, layout.temperature)
+    est = acceptance if acceptance is not None else acceptance_for(target, d, layout.workload, layout.temperature)
     # No prior for this method (suffix): an honest "measure it", never a made-up number; decide() says so.
     unmeasured = (None if est is not None else
                   f"no acceptance prior for {d.name}: measure it on your traffic (`draftfit measure {target.name} "

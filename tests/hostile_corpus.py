@@ -266,6 +266,11 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("speedup-full", ["speedup", "--target", M_T, "--draft", M_D, "--alpha", "0.7"], "--gpu",
              ["NoSuchGPU"])
     b.add("speedup-no-acceptance", ["speedup", "--k", "4", "--c", "0.1"])
+    # Prediction mode prices the pair at the acceptance prior when none is given; its options are checked.
+    prior_mode = ["speedup", "--target", M_T, "--draft", M_D, "--gpu", "H200"]
+    b.option("speedup-prior", prior_mode, "--temperature", ["-1", "nan", "3", "x"])
+    b.option("speedup-prior", prior_mode, "--workload", ["poetry", ""])
+    b.option("speedup-prior", prior_mode + ["--alpha", "0.7"], "--workload", ["code"])
     b.add("speedup-plot-is-dir", [*cf, "--plot", "{tmp}/store-dir"], files=("store-dir",))
     b.add("speedup-plot-missing-dir", [*cf, "--plot", "{tmp}/path-nonexistent/p.png"], files=("path-nonexistent",))
 

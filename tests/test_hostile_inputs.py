@@ -213,6 +213,7 @@ CONTROLS = [
     ("memory-cpu", ["memory", hc.M_T, "--gpu", "cpu"], (0,)),
     ("speedup", ["speedup", "--alpha", "0.7", "--k", "4", "--c", "0.1"], (0,)),
     ("speedup-full", ["speedup", "--target", hc.M_T, "--draft", hc.M_D, "--gpu", "H200", "--alpha", "0.7"], (0,)),
+    ("speedup-prior", ["speedup", "--target", hc.M_T, "--draft", hc.M_D, "--gpu", "H200", "-w", "code"], (0,)),
     ("serve-cmd", ["serve-cmd", hc.M_T, hc.M_D], (0,)),
     ("launch-script", ["launch-script", hc.M_T, hc.M_D, "-o", "{tmp}/launch.sh"], (0,)),
     ("preflight", ["preflight", hc.M_T, hc.M_D, "--gpu", "H200"], (0, 1)),  # 1: a warning, not a failure
@@ -344,6 +345,8 @@ NUMERIC_OPTIONS = {
                           lambda v: _is_int(v) and v in TP_32_HEADS),
     ("speedup", "--context-len"): (["speedup", "--target", hc.M_T, "--draft", hc.M_D, "--gpu", "H200", "--alpha",
                                     "0.7"], lambda v: _is_int(v) and 1 <= v <= 131072),
+    ("speedup", "--temperature"): (["speedup", "--target", hc.M_T, "--draft", hc.M_D, "--gpu", "H200"],
+                                   lambda v: _finite(v) and v >= 0),
 }
 
 

@@ -694,3 +694,62 @@ def test_heads_pay_a_plain_steps_host_overhead_on_either_runner():
         else:
             assert heads_async_scheduling(draft) and head_on_async_runner(target, draft, "0.26") is v2
             assert p.spec_overhead_ms == pytest.approx(0.0, abs=1e-12)
+
+
+def test_cli_prediction_without_acceptance_prices_the_pair_as_rank_does(tmp_path, monkeypatch):
+    """Prediction mode with no --alpha/--acceptance-curve/--run ends in an answer: the pair's stored measurement
+    first, else the acceptance prior for the workload and temperature (pipeline.acceptance_for, which rank's
+    evaluate_pair reads too), its source, band and citation printed; a given acceptance with --workload or
+    --temperature is refused, since those only choose the prior."""
+    from click.testing import CliRunner
+
+    from draftfit.acceptance.curve import result_from_counts
+    from draftfit.acceptance.store import MeasurementStore, RunRecord, now_iso
+    from draftfit.catalog.specs import resolve_model
+    from draftfit.cli import cli
+    from draftfit.pipeline import acceptance_for, resolve_drafter
+
+    monkeypatch.setenv("DRAFTFIT_STORE", str(tmp_path / "m.sqlite"))
+    # A measurement of the pair on math prompts (written first: a process keeps one store connection).
+    res_counts = result_from_counts(per_position_accepted=[90, 81, 73], num_drafts=100, num_draft_tokens=300,
+                                    num_accepted=244, k=3, temperature=0.0, workload="math", backend="vllm",
+                                    groups=[{"num_drafts": 50, "per_position_accepted": [45, 40, 36]},
+                                            {"num_drafts": 50, "per_position_accepted": [45, 41, 37]}])
+    with MeasurementStore(tmp_path / "m.sqlite") as store:
+        run_id = store.record_run(RunRecord(backend="vllm", target="Qwen2.5-Coder-32B", draft="Qwen2.5-Coder-7B",
+                                            workload="math", temperature=0.0, k=3, started_at=now_iso()), res_counts)
+    run = CliRunner().invoke
+    base = ["speedup", "--target", "Qwen2.5-Coder-32B", "--draft", "Qwen2.5-Coder-7B", "--gpu", "H200",
+            "--batch", "1,32", "--vllm-version", "0.26", "--json"]
+    t = resolve_model("Qwen2.5-Coder-32B")
+    d = resolve_drafter(t, "Qwen2.5-Coder-7B")
+    alphas = {}
+    for wl in ("chat", "code"):
+        res = run(cli, base + ["-w", wl])
+        assert res.exit_code == 0, res.output
+        data = json.loads(res.output)
+        est = acceptance_for(t, d, wl, 0.0)
+        assert est.source.startswith("prior:")
+        assert data["alpha"] == pytest.approx(est.alpha, abs=1e-4)
+        assert data["acceptance_source"].startswith(est.source) and f"band {est.low:.2f}-{est.high:.2f}" in \
+            data["acceptance_source"] and "acceptance_priors.yaml" in data["acceptance_source"]
+        alphas[wl] = data["alpha"]
+    assert alphas["code"] != alphas["chat"]  # the workload reaches the prior
+    # The same numbers as --alpha at the prior's value (one prediction path).
+    given = json.loads(run(cli, base[:-1] + ["--alpha", str(alphas["chat"]), "--json"]).output)
+    prior = json.loads(run(cli, base).output)
+    for k, row in given["batches"]["1"]["per_k"].items():
+        assert prior["batches"]["1"]["per_k"][k]["speedup"] == pytest.approx(row["speedup"], rel=1e-3)
+
+    # The stored measurement comes first for its workload.
+    measured = json.loads(run(cli, base + ["-w", "math"]).output)
+    assert measured["acceptance_source"].startswith(f"measured:{run_id}")
+    assert measured["alpha"] == pytest.approx(0.90, abs=0.01)
+
+    # Refusals: a given acceptance with prior options; a bad temperature; the closed form still needs one.
+    res = run(cli, base[:-1] + ["--alpha", "0.7", "--temperature", "0.7"])
+    assert res.exit_code == 2 and "--workload and --temperature choose the acceptance prior" in res.output
+    res = run(cli, base + ["--temperature", "-1"])
+    assert res.exit_code == 2 and "--temperature" in res.output and "Traceback" not in res.output
+    res = run(cli, ["speedup", "--k", "4", "--c", "0.1"])
+    assert res.exit_code == 2 and "no acceptance given" in res.output

@@ -15,11 +15,11 @@ from draftfit.acceptance.store import MeasurementStore
 from draftfit.speedup.correction import load_default
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.layout import (KV_CACHE_DTYPES, check_batches, check_choice, check_float, check_int, check_k, check_quantization,
-                             check_tp, check_vllm_version, parse_float_list, parse_int_list)
+                             check_temperature, check_tp, check_vllm_version, parse_float_list, parse_int_list)
 from draftfit.vllm_version import resolve_vllm_version
 
 CLOSED_FORM_K_MAX = 16
-from draftfit.pipeline import resolve_drafter, vllm_verdict
+from draftfit.pipeline import acceptance_for, resolve_drafter, vllm_verdict
 
 
 def _acceptance_from_run(run_id: int):
@@ -54,11 +54,16 @@ def _acceptance_from_run(run_id: int):
 @click.option("--vllm-version", default=None,
               help="vLLM whose step-cost tables to use (default: the installed GPU vLLM, else the newest modelled); "
                    "the band is widened where that version has none.")
+@click.option("--workload", "-w", type=click.Choice(["code", "math", "chat"]), default=None,
+              help="Prediction mode without --alpha/--acceptance-curve/--run: the acceptance prior's workload "
+                   "(default chat).")
+@click.option("--temperature", type=float, default=None,
+              help="Prediction mode without a given acceptance: the acceptance prior's sampling temperature "
+                   "(default 0).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of speedup vs K.")
 @json_option
 def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_text, context_len, quantization,
-            kv_cache_dtype, learned_correction, vllm_version, plot_path,
-            as_json):
+            kv_cache_dtype, learned_correction, vllm_version, workload, temperature, plot_path, as_json):
     """Expected speedup for a K, acceptance and step cost (Leviathan et al. 2023), or, with --target,
     --draft and --gpu, the predicted TPOT speedup per K and batch size from calibrated or roofline step costs.
 
@@ -67,6 +72,10 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
       draftfit speedup --alpha 0.8 --k 4 --c 0.05
       draftfit speedup --acceptance-curve 0.8,0.62,0.47 --k 3 --c 0.1 --json
       draftfit speedup --target Llama-3.1-70B --draft Llama-3.2-1B --gpu H200 --tp 2 --alpha 0.7 --batch 1,32
+      draftfit speedup --target Qwen3-32B --draft Qwen3-1.7B --gpu H200 --batch 1,8,32 -w code
+
+    With --target/--draft/--gpu and no acceptance given, the pair's stored measurement (`draftfit measure`) is
+    used, else draftfit's acceptance prior for the workload and temperature (as rank prices it), with its band.
     """
 
     if alpha is not None:
@@ -90,8 +99,15 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
     elif run_id is not None:
         res, curve, a = _acceptance_from_run(run_id)
         acceptance, acc_source = (curve or a), f"run {run_id}"
-    if acceptance is None:
+    prediction_mode = bool(target or draft or gpu)
+    if acceptance is None and not prediction_mode:
         raise DraftfitError("no acceptance given", fix="pass --alpha, --acceptance-curve or --run")
+    if acceptance is not None and (workload is not None or temperature is not None):
+        raise DraftfitError("--workload and --temperature choose the acceptance prior, which a given acceptance "
+                            "replaces", fix="drop --workload/--temperature, or drop --alpha/--acceptance-curve/--run "
+                                            "to price the pair at the prior")
+    workload = workload or "chat"
+    temperature = check_temperature(0.0 if temperature is None else temperature)
     version_given = check_vllm_version(vllm_version)
 
     if target or draft or gpu:
@@ -118,6 +134,16 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         runs, why, fix = vllm_verdict(t_spec, d_spec, tp, used)
         if not runs:
             raise DraftfitError(f"{d_spec.name} cannot draft for {t_spec.name}: {why}", fix=fix, exit_code=1)
+        if acceptance is None:
+            # Nothing given: what rank prices the pair at (a stored measurement, else the prior with its band).
+            est = acceptance_for(t_spec, d_spec, workload, temperature)
+            if est is None:
+                raise DraftfitError(f"no acceptance prior for {d_spec.name}",
+                                    fix=f"measure it on your traffic (`draftfit measure {t_spec.name} {d_spec.name} "
+                                        f"--prompts-file F`), or pass --alpha")
+            acceptance = est
+            acc_source = (f"{est.source}" + ("" if workload in est.source else f", {workload}")
+                          + f", T={temperature:g}, band {est.low:.2f}-{est.high:.2f}; {est.citation}")
         correction = load_default() if learned_correction else None
         pred = predict_speedup(t_spec, d_spec, gpu, tp=tp, acceptance=acceptance, batches=batches,
                                k_values=ks, context_len=context_len, correction=correction, vllm_version=modelled)

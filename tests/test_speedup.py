@@ -696,7 +696,7 @@ def test_heads_pay_a_plain_steps_host_overhead_on_either_runner():
             assert p.spec_overhead_ms == pytest.approx(0.0, abs=1e-12)
 
 
-def test_cli_prediction_without_acceptance_prices_the_pair_as_rank_does(tmp_path, monkeypatch):
+def test_cli_prediction_without_acceptance_prices_the_pair_as_rank_does(tmp_path, monkeypatch, request):
     """Prediction mode with no --alpha/--acceptance-curve/--run ends in an answer: the pair's stored measurement
     first, else the acceptance prior for the workload and temperature (pipeline.acceptance_for, which rank's
     evaluate_pair reads too), its source, band and citation printed; a given acceptance with --workload or
@@ -709,7 +709,12 @@ def test_cli_prediction_without_acceptance_prices_the_pair_as_rank_does(tmp_path
     from draftfit.cli import cli
     from draftfit.pipeline import acceptance_for, resolve_drafter
 
+    from draftfit.acceptance import prior as prior_mod
+
     monkeypatch.setenv("DRAFTFIT_STORE", str(tmp_path / "m.sqlite"))
+    # The process keeps one store connection (prior._store): this test's store, and none of it left behind.
+    prior_mod._store.cache_clear()
+    request.addfinalizer(prior_mod._store.cache_clear)
     # A measurement of the pair on math prompts (written first: a process keeps one store connection).
     res_counts = result_from_counts(per_position_accepted=[90, 81, 73], num_drafts=100, num_draft_tokens=300,
                                     num_accepted=244, k=3, temperature=0.0, workload="math", backend="vllm",

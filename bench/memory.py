@@ -72,6 +72,18 @@ def _case_name(spec: dict, seqs: int, kwargs: dict | None = None) -> str:
             f"{nohma}{kv}").lower()
 
 
+def _draft_config(spec: dict) -> dict:
+    """The draft's config.json: the catalog's folder, else the diagnostic variant the engine ran (phase PG's
+    shapes, written by bench/gpu_campaign.py under its work dir: rebuilt there by `gpu_campaign.phases()`)."""
+    folder = CONFIGS / spec["draft"]
+    if not folder.exists() and spec.get("draft_dir"):
+        folder = Path(spec["draft_dir"])
+        if not folder.exists():
+            import gpu_campaign
+            gpu_campaign.phases()  # writes every variant folder a phase names
+    return json.loads((folder / "config.json").read_text())
+
+
 def record_from_engine(entry: dict, raw_name: str) -> dict | None:
     """One GPU record from one engine of a campaign file (bench/gpu_campaign.py); None if it did not start."""
     from draftfit.memory.plan import VLLM_GPU_VERSION, parse_vllm_memory_log
@@ -93,8 +105,7 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
         "target": spec["target"], "target_config": json.loads((CONFIGS / spec["target"] / "config.json").read_text()),
         "draft": draft,
         # Method mtp drafts with the target's own layers: no draft folder, the drafter is built from the target.
-        "draft_config": (json.loads((CONFIGS / draft / "config.json").read_text())
-                         if draft and spec.get("method") != "mtp" else None),
+        "draft_config": _draft_config(spec) if draft and spec.get("method") != "mtp" else None,
         "speculative_method": spec.get("method", "draft_model") if draft else None,
         "num_speculative_tokens": int(spec.get("k") or 0) if draft else 0,
         "gpu": "H200", "gpu_total_gib": parsed.get("total_gib"), "tp": int(spec.get("tp", 1)),
@@ -231,7 +242,13 @@ def main() -> None:
             "nothing. Nor are the cross-family pairs of the eighteenth session (phase X2: Qwen3-8B + Qwen1.5-0.5B, "
             "and Qwen1.5-MoE-A2.7B + Qwen3-0.6B, whose draft's KV page is half its target's, so vLLM doubles the "
             "draft's block size; and Qwen3-8B + Qwen3-0.6B at K=6), taken from timed engines with no prediction "
-            "written first: within 0.21 %.\n\n"
+            "written first: within 0.21 %. The nineteenth session's diagnostic engines (phases PG1, PG2: "
+            "Qwen1.5-MoE-A2.7B with a 16-KV-head Qwen3-0.6B, Mixtral-8x7B with TinyLlama-1.1B's shapes at 4 and 16 "
+            "KV heads, Mistral-7B-v0.1 with the first) are records too, fitted on nothing; one of them set a rule: "
+            "Mistral-7B-v0.1 + TinyLlama-1.1B was -5.96 % with the draft's layers in a full-attention group of "
+            "their own, and vLLM 0.26 gives a draft the target's model-level sliding window (CacheConfig."
+            "sliding_window; memory.plan.cache_sliding_window), one group of 54 sliding layers: +0.15 % with that "
+            "rule, read off vLLM's source after the record was seen (no constant changed, no other record moved).\n\n"
             + markdown_table(["case", "models", "where", "layout", "vLLM KV tokens", "draftfit", "error",
                               "weights-only (error)", "source"], rows())
             + "\n\nPer term on the GPU records, GiB, draftfit / vLLM (`Actual usage is W for weight, A for peak "

@@ -41,6 +41,7 @@ from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer
 from draftfit.memory.plan import (accounting, attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
                                   model_runner, weights_bytes_per_rank as weights_bytes_per_rank_plan)
 from draftfit.launch.flags import flag_list
+from draftfit.speedup.loop_factor import draft_loop_factor
 from draftfit.vllm_version import modelled_version
 
 # Fractions of the data-sheet numbers a decode step reaches. Bandwidth: a device-to-device copy on the lent
@@ -424,6 +425,16 @@ def draft_layer_ms(overheads: dict, tp: int) -> float:
     return overheads[host_term(tp)]
 
 
+def loop_layer_ms(target, draft, overheads: dict, tp: int, loop_factor: float | None = None) -> float:
+    """The host cost per draft layer of `draft`'s passes beside `target`: the fitted draft_layer_ms, times the
+    target's measured factor (loop_factor.draft_loop_factor; 1 for a target not measured). `loop_factor` given:
+    that factor instead (bench/draft_loop_factor.py measures it against the model without one)."""
+    if loop_factor is None:
+        found = draft_loop_factor(target, draft, overheads.get("vllm_version") or DEFAULT_TABLE_VLLM)
+        loop_factor = found.factor if found else 1.0
+    return draft_layer_ms(overheads, tp) * loop_factor
+
+
 # Whether the draft's first pass hides under the target's verify, per modelled vLLM. 0.26's V1 proposer launches
 # it right behind the verify from CUDA graphs (draft_passes_ms). 0.33's V2 draft_model speculator
 # (v1/worker/gpu/spec_decode/standalone_ar/speculator.py: init_cudagraph_manager and capture are `pass`, every
@@ -518,17 +529,19 @@ def head_on_async_runner(target, draft, vllm_version: str | None = None) -> bool
 
 
 def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
-                    overheads: dict | None = None, vllm_version: str | None = None) -> StepCost:
+                    overheads: dict | None = None, vllm_version: str | None = None,
+                    loop_factor: float | None = None) -> StepCost:
     """The roofline prior's step costs. `vllm_version` (default: the one `overheads` were fitted for) decides
-    which model runner a head drafter runs on (head_on_async_runner)."""
+    which model runner a head drafter runs on (head_on_async_runner); `loop_factor`: loop_layer_ms's."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
+    layer_ms = loop_layer_ms(target, draft, ov, tp, loop_factor)
     hidden = first_pass_hidden(overheads)
     async_head = head_on_async_runner(target, draft, vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM)
     base = plain_step_ms(target, gpu, batch=batch, context_len=context_len, tp=tp, overheads=ov)
     draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
     if graph_miss(batch, 0):  # the draft's loop passes over B tokens run eagerly too
         draft_roof = eager_forward_ms(draft, draft_roof)
-    draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, draft_layer_ms(ov, tp)) + batch * ov["draft_seq_ms"]
+    draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, layer_ms) + batch * ov["draft_seq_ms"]
     spec, verify, band, first, verify_gpu, verify_host = {}, {}, {}, {}, {}, {}
     # A speculative step's host overhead beyond its passes: a plain step's where vLLM keeps async scheduling on
     # (heads_async_scheduling), else what the draft_model tables fitted (their steps run without it).
@@ -554,13 +567,13 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
             # The head's K passes on the GPU one after another (the first over the B x (K+1) verified tokens), each
             # at most its launch time, and the host overhead of a plain step (head_on_async_runner): no fitted term.
             spec[k] = verify[k] + first[k] + (k - 1) * draft_pass_ms(draft_roof, draft.num_layers,
-                                                                     draft_layer_ms(ov, tp)) + fixed_ms
+                                                                     layer_ms) + fixed_ms
         else:
-            spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, draft_layer_ms(ov, tp), hidden,
+            spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, layer_ms, hidden,
                                                   first[k], verify_roof) \
                 + k * batch * ov["draft_seq_ms"] + fixed_ms
         host_ms, gpu_ms = draft_loop_host_and_gpu_ms(target, draft, gpu, batch=batch, k=k, tp=tp,
-                                                     context_len=context_len, overheads=ov)
+                                                     context_len=context_len, overheads=ov, loop_factor=loop_factor)
         band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if host_ms > gpu_ms else PRIOR_UNCERTAINTY_GPU_BOUND
     # The fixed cost of a speculative step over a plain one: none where async scheduling runs (heads).
     spec_overhead = fixed_ms - ov["plain_ms"] - ov["plain_seq_ms"] * batch
@@ -659,13 +672,13 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
 
 
 def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: int, context_len: int,
-                               overheads: dict) -> tuple[float, float]:
+                               overheads: dict, loop_factor: float | None = None) -> tuple[float, float]:
     """The host launch time of vLLM's draft loop (K-1 passes of the draft's layers, K where the first pass does
     not hide (_host_launched_passes), plus every layer's launches when batch x (K+1) tokens miss the CUDA graphs)
     and the step's GPU work (the verify of K+1 tokens with the MoE layers' per-token work, the first draft pass
     over the verified tokens and K-1 loop rooflines), in ms: the regime test behind the prior's band."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
-    host_ms = _host_launched_passes(k, ov) * draft.num_layers * draft_layer_ms(ov, tp) \
+    host_ms = _host_launched_passes(k, ov) * draft.num_layers * loop_layer_ms(target, draft, ov, tp, loop_factor) \
         + ((eager_host_ms(target) + eager_host_ms(draft)) if graph_miss(batch, k) else 0.0)
     gpu_ms = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp) \
         + _moe_ms(target, draft, batch=batch, k=k, overheads=ov) \
@@ -777,6 +790,9 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
     untuned = untuned_moe_note(t, g, tp=tp, vllm_version=vllm_version)
     if untuned:
         notes.append(untuned)
+    loop = draft_loop_factor(t, d, fit_version) if table is None else None
+    if loop:
+        notes.append(loop.note())
     host_note = host_bound_note(t, d, g, tp=tp, batch=min(batches), context_len=context_len, overheads=ov)
     if host_note:
         notes.append(host_note)

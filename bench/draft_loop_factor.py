@@ -20,12 +20,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench import gpu_campaign  # noqa: E402
 from bench._readme import markdown_table, write_section  # noqa: E402
 from draftfit.calibration.tables import DEFAULT_TABLE_VLLM, load_tables  # noqa: E402
 from draftfit.catalog.specs import spec_from_config  # noqa: E402
@@ -56,10 +55,8 @@ SOURCE = "bench/draft_loop_factor.py over data/calibration/raw/2026-12-03 (docs/
 COMMAND = "python bench/draft_loop_factor.py"
 
 
-def _engines(variant_dir: str) -> list[dict]:
+def _engines() -> list[dict]:
     """Every engine with a draft that finished, as {lease, file, id, target, draft, draft_spec, k, step_ms}."""
-    from gpu_campaign import CONFIGS
-
     out = []
     for rel, lease in LEASES.items():
         path = RAW / rel
@@ -70,28 +67,18 @@ def _engines(variant_dir: str) -> list[dict]:
             row = (result.get("batches") or {}).get(str(BATCH)) or {}
             if entry.get("status") != "ok" or not spec.get("draft") or not row.get("step_ms"):
                 continue
-            # A diagnostic shape outside the catalog (phase PG's variants) is rebuilt where gpu_campaign writes it.
-            folder = Path(spec.get("draft_dir") or "")
-            name = folder.name or spec["draft"]
-            cfg_path = Path(variant_dir) / "variant_configs" / name / "config.json"
-            if not cfg_path.exists():
-                cfg_path = Path(CONFIGS) / spec["draft"] / "config.json"
-            draft_spec = spec_from_config(json.loads(cfg_path.read_text()), name=name)
             out.append({"lease": lease, "file": rel, "id": entry.get("id"), "target": spec["target"],
-                        "draft": name, "draft_spec": draft_spec, "k": int(spec["k"]),
-                        "step_ms": float(row["step_ms"])})
+                        "draft": spec["draft"],
+                        "draft_spec": spec_from_config(gpu_campaign.draft_config(spec), name=spec["draft"]),
+                        "k": int(spec["k"]), "step_ms": float(row["step_ms"])})
     return out
 
 
 def measure(tables=None) -> dict:
     """{"targets": {name: row}, "pairs": [...], "excluded": [...]}: the factor per target and every pair behind it."""
-    import gpu_campaign
-
     tables = load_tables() if tables is None else tables
     with_table = {(t.target, t.draft) for t in tables}
-    with tempfile.TemporaryDirectory() as work:
-        gpu_campaign.phases(work_dir=work)  # writes the variant config folders the engines name
-        engines = _engines(work)
+    engines = _engines()
     gpu = gpu_spec("H200")
     pairs, excluded = [], []
     groups: dict = {}
@@ -104,7 +91,7 @@ def measure(tables=None) -> dict:
         if not lo or not hi:
             continue
         base_draft = es[0]["draft_spec"]
-        if (target, base_draft.name) in with_table or (target, draft) in with_table:
+        if (target, draft) in with_table:
             excluded.append({"target": target, "draft": draft, "lease": lease,
                              "why": "its (target, draft) has a calibration table"})
             continue

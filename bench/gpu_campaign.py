@@ -60,10 +60,12 @@ Phases (the lead launches each as its own command):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -222,6 +224,30 @@ def _variant_dir(work_dir: str, name: str, base: str | None = None, **over) -> s
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     return path
+
+
+def draft_config(spec: dict) -> dict:
+    """The config.json an engine's draft ran (`spec` as a campaign file keeps it): the catalog's folder in CONFIGS,
+    else the diagnostic variant of that name, whose folder (a _variant_dir on the GPU machine) the raw files only
+    name: phases() rebuilds it (_variant_configs)."""
+    path = os.path.join(CONFIGS, spec["draft"], "config.json")
+    if not os.path.exists(path):
+        return _variant_configs()[spec["draft"]]
+    with open(path) as f:
+        return json.load(f)
+
+
+@functools.lru_cache(maxsize=1)
+def _variant_configs() -> dict:
+    """{name: config} of every _variant_dir a phase writes, built once in a temporary work dir."""
+    with tempfile.TemporaryDirectory() as work:
+        phases(work_dir=work)
+        root = os.path.join(work, "variant_configs")
+        out = {}
+        for name in os.listdir(root):
+            with open(os.path.join(root, name, "config.json")) as f:
+                out[name] = json.load(f)
+    return out
 
 
 def _diagnostic_pair(target: str, draft: str, draft_dir: str, k: int, suffix: str, **over) -> dict:

@@ -54,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import gpu_campaign  # noqa: E402
 from bench._readme import markdown_table, write_section  # noqa: E402
 from draftfit.memory.plan import GIB, kv_bytes_per_token, predict_record, spec_from_record  # noqa: E402
 from draftfit.paths import DATA_DIR  # noqa: E402
@@ -70,18 +71,6 @@ def _case_name(spec: dict, seqs: int, kwargs: dict | None = None) -> str:
     kv = f"_kv{kv}" if kv != "auto" else ""
     return (f"gpu_h200_{models}_tp{spec.get('tp', 1)}_u{spec['util']}_L{spec['max_model_len']}_s{seqs}"
             f"{nohma}{kv}").lower()
-
-
-def _draft_config(spec: dict) -> dict:
-    """The draft's config.json: the catalog's folder, else the diagnostic variant the engine ran (phase PG's
-    shapes, written by bench/gpu_campaign.py under its work dir: rebuilt there by `gpu_campaign.phases()`)."""
-    folder = CONFIGS / spec["draft"]
-    if not folder.exists() and spec.get("draft_dir"):
-        folder = Path(spec["draft_dir"])
-        if not folder.exists():
-            import gpu_campaign
-            gpu_campaign.phases()  # writes every variant folder a phase names
-    return json.loads((folder / "config.json").read_text())
 
 
 def record_from_engine(entry: dict, raw_name: str) -> dict | None:
@@ -105,7 +94,7 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
         "target": spec["target"], "target_config": json.loads((CONFIGS / spec["target"] / "config.json").read_text()),
         "draft": draft,
         # Method mtp drafts with the target's own layers: no draft folder, the drafter is built from the target.
-        "draft_config": _draft_config(spec) if draft and spec.get("method") != "mtp" else None,
+        "draft_config": gpu_campaign.draft_config(spec) if draft and spec.get("method") != "mtp" else None,
         "speculative_method": spec.get("method", "draft_model") if draft else None,
         "num_speculative_tokens": int(spec.get("k") or 0) if draft else 0,
         "gpu": "H200", "gpu_total_gib": parsed.get("total_gib"), "tp": int(spec.get("tp", 1)),

@@ -64,6 +64,6 @@ def draft_loop_factor(target, draft, vllm_version: str | None = None, path: Path
     """The measured factor for `draft`'s loop beside `target` under the modelled `vllm_version` (0.26 when None),
     or None: only separate draft models (method draft_model) run the loop it was measured on; EAGLE/MTP heads,
     n-gram and suffix do not."""
-    if getattr(draft, "method", "draft_model") != "draft_model" or getattr(draft, "is_eagle", False):
+    if getattr(draft, "method", "draft_model") != "draft_model":
         return None
     return _load(str(path or LOOP_FACTOR_FILE)).get((vllm_version or DEFAULT_TABLE_VLLM, target.name))

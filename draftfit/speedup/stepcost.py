@@ -429,10 +429,14 @@ def loop_layer_ms(target, draft, overheads: dict, tp: int, loop_factor: float | 
     """The host cost per draft layer of `draft`'s passes beside `target`: the fitted draft_layer_ms, times the
     target's measured factor (loop_factor.draft_loop_factor; 1 for a target not measured). `loop_factor` given:
     that factor instead (bench/draft_loop_factor.py measures it against the model without one)."""
-    if loop_factor is None:
-        found = draft_loop_factor(target, draft, overheads.get("vllm_version") or DEFAULT_TABLE_VLLM)
-        loop_factor = found.factor if found else 1.0
-    return draft_layer_ms(overheads, tp) * loop_factor
+    return draft_layer_ms(overheads, tp) * _loop_factor(target, draft, overheads, loop_factor)
+
+
+def _loop_factor(target, draft, overheads: dict, loop_factor: float | None) -> float:
+    if loop_factor is not None:
+        return loop_factor
+    found = draft_loop_factor(target, draft, overheads.get("vllm_version") or DEFAULT_TABLE_VLLM)
+    return found.factor if found else 1.0
 
 
 # Whether the draft's first pass hides under the target's verify, per modelled vLLM. 0.26's V1 proposer launches
@@ -534,6 +538,7 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     """The roofline prior's step costs. `vllm_version` (default: the one `overheads` were fitted for) decides
     which model runner a head drafter runs on (head_on_async_runner); `loop_factor`: loop_layer_ms's."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
+    loop_factor = _loop_factor(target, draft, ov, loop_factor)  # looked up once, not per K
     layer_ms = loop_layer_ms(target, draft, ov, tp, loop_factor)
     hidden = first_pass_hidden(overheads)
     async_head = head_on_async_runner(target, draft, vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM)

@@ -19,8 +19,18 @@ K_MAX = 8
 K_VALUES = tuple(range(1, K_MAX + 1))
 
 # The built-in prompt sets (draftfit/data/prompts/<workload>.jsonl) and the priors' workload feature.
-Workload = Literal["code", "math", "chat"]
+Workload = Literal["code", "code-edit", "math", "chat", "summarization"]
 WORKLOADS: tuple[str, ...] = get_args(Workload)
+# What each workload stands for (shown by every --workload's --help). code-edit is kept apart from code because a
+# rewrite repeats most of its input, which is where prompt lookup and suffix decoding pay most.
+WORKLOAD_MEANING: dict[str, str] = {
+    "code": "write new code from a signature and docstring (HumanEval)",
+    "code-edit": "rewrite given code under an edit instruction (HumanEval solutions)",
+    "math": "step-by-step word problems (GSM8K)",
+    "chat": "open-ended first user turns (ShareGPT)",
+    "summarization": "summarize a long given text (long ShareGPT answers)",
+}
+WORKLOAD_HELP = "; ".join(f"{w}: {WORKLOAD_MEANING[w]}" for w in WORKLOADS)
 
 TP_CHOICES = (1, 2, 4, 8)
 

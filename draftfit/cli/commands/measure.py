@@ -7,7 +7,7 @@ import time
 
 import click
 
-from draftfit.rules import WORKLOADS
+from draftfit.rules import WORKLOAD_HELP, WORKLOADS
 
 from draftfit.cli.render import console, emit_json, json_option, table
 from draftfit.acceptance.measure import vllm as vllm_backend  # noqa: F401  the module is the seam tests patch
@@ -27,7 +27,8 @@ def _parse_temperatures(value: str) -> list[float]:
 @click.command()
 @click.argument("target")
 @click.argument("draft")
-@click.option("--workload", type=click.Choice(WORKLOADS), default="code", show_default=True)
+@click.option("--workload", type=click.Choice(WORKLOADS), default="code", show_default=True,
+              help="Built-in prompt set: " + WORKLOAD_HELP + ".")
 @click.option("--temperature", "temperature", default="0", show_default=True, help="One or more, comma-separated.")
 @click.option("--k", "k", type=int, default=8, show_default=True, help="K_max; the curve covers every K <= it.")
 @click.option("--prompts", "--max-prompts", "num_prompts", type=int, default=6, show_default=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from draftfit.rules import WORKLOADS
+from draftfit.rules import WORKLOAD_HELP, WORKLOADS
 
 from draftfit.cli.render import json_option
 from draftfit.cli.render import console, emit_json, table
@@ -24,7 +24,8 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "red"}
 @click.option("--max-model-len", type=int, default=None)
 @click.option("--util", type=float, default=0.9, show_default=True)
 @click.option("--batch", type=int, default=1, show_default=True, help="Batch size the speedup check is for.")
-@click.option("--workload", type=click.Choice(WORKLOADS), default="chat", show_default=True)
+@click.option("--workload", type=click.Choice(WORKLOADS), default="chat", show_default=True,
+              help="Which traffic: " + WORKLOAD_HELP + ".")
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--vllm-version", default=None, help="Check against this vLLM version instead of the installed one.")
 @click.option("--quantization", default="auto", show_default=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from draftfit.rules import WORKLOADS
+from draftfit.rules import WORKLOAD_HELP, WORKLOADS
 
 from draftfit.errors import DraftfitError
 from draftfit.cli.render import json_option
@@ -19,7 +19,8 @@ from draftfit.rank import rank as run_rank
 @click.option("--target", "-t", required=True, help="Target model: catalog name, hub id or local folder.")
 @click.option("--gpu", "-g", default=None, help="GPU (catalog name). Default: H100-80GB.")
 @click.option("--tp", type=int, default=None, help="Tensor-parallel size. Default: the smallest that fits the target.")
-@click.option("--workload", "-w", type=click.Choice(WORKLOADS), default="chat", show_default=True)
+@click.option("--workload", "-w", type=click.Choice(WORKLOADS), default="chat", show_default=True,
+              help="Which traffic: " + WORKLOAD_HELP + ".")
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--batch", "batch", default="1", show_default=True, help="Batch sizes, comma-separated (e.g. 1,32).")
 @click.option("--top", type=int, default=None, help="Show only the N best.")

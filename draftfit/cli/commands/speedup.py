@@ -6,7 +6,7 @@ import dataclasses
 
 import click
 
-from draftfit.rules import WORKLOADS
+from draftfit.rules import WORKLOAD_HELP, WORKLOADS
 
 from draftfit.errors import DraftfitError
 from draftfit.cli.render import json_option
@@ -58,7 +58,7 @@ def _acceptance_from_run(run_id: int):
                    "the band is widened where that version has none.")
 @click.option("--workload", "-w", type=click.Choice(WORKLOADS), default=None,
               help="Prediction mode without --alpha/--acceptance-curve/--run: the acceptance prior's workload "
-                   "(default chat).")
+                   "(default chat; " + WORKLOAD_HELP + ").")
 @click.option("--temperature", type=float, default=None,
               help="Prediction mode without a given acceptance: the acceptance prior's sampling temperature "
                    "(default 0).")

@@ -13,6 +13,7 @@ from draftfit.cli.render import console, emit_json, fmt_num, json_option, table,
 from draftfit.errors import DraftfitError
 from draftfit import sweep as sw
 from draftfit.acceptance.measure.prompts import WORKLOADS
+from draftfit.rules import WORKLOAD_HELP
 from draftfit.calibration.tables import cli_command
 from draftfit.cli.commands.calibrate import CALIBRATE_K_MAX, _ints
 from draftfit.acceptance.measure.run import (MAX_MODEL_LEN_TOKENS, MAX_PROMPTS, MAX_SEED, MAX_TOKENS,
@@ -73,7 +74,8 @@ def _cell_json(c, kind: str) -> dict:
 @click.option("--drafts", "drafts_text", required=True,
               help="Drafters, comma-separated: draft models (folders or names), ngram, suffix.")
 @click.option("--workloads", "workloads_text", default="code", show_default=True,
-              help="Built-in prompt sets, comma-separated (with --prompts-file: the one label of your prompts).")
+              help="Built-in prompt sets, comma-separated (with --prompts-file: the one label of your prompts). "
+                   + WORKLOAD_HELP + ".")
 @click.option("--temperatures", "temperatures_text", default="0", show_default=True, help="Comma-separated.")
 @click.option("--prompts-file", type=click.Path(dir_okay=False), default=None,
               help="Your own prompts (as draftfit measure reads them); replaces the built-in workloads.")

@@ -55,6 +55,8 @@ INT_BAD = {"neg": "-1", "zero": "0", "huge": "1000000000000", "nan": "nan", "inf
            "empty": "", "float": "1.5"}
 FLOAT_BAD = {"neg": "-0.1", "zero": "0", "huge": "1e12", "nan": "nan", "inf": "inf", "-inf": "-inf", "word": "x",
              "empty": ""}
+# Near misses of the workloads code-edit and summarization (issue 36): spellings a user may type.
+NEAR_WORKLOADS = ["code_edit", "codeedit", "edit", "Summarization", "summarize", "code-edit,summarization"]
 INT_LIST_BAD = ["", ",", "1,,x", "-4", "0", "1,0", "x", "1.5", "1000000000000", "nan", "1,-4", " "]
 
 
@@ -141,7 +143,7 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("rank", rank, "--candidates", [",", ",,", "NoSuchModel", "{tmp}/path-nonexistent"],
              files=("path-nonexistent",))
     b.option("rank", rank, "--vllm-version", ["banana", "", "1..2", "-1"])
-    b.option("rank", rank, "--workload", ["poetry"])
+    b.option("rank", rank, "--workload", ["poetry", *NEAR_WORKLOADS])
     b.option("rank", rank, "--max-num-seqs", _pick(I, skip={"empty"}))
     b.option("rank", rank, "--quantization", ["magic", ""])
     b.option("rank", rank, "--kv-cache-dtype", ["fp4"])
@@ -174,7 +176,7 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("measure", meas, "--prompts", ["-1", "0", "1000000000000", "x"], files=meas_files, guard=True)
     b.option("measure", meas, "--max-tokens", ["-1", "0", "1", "1000000000000", "x"], files=meas_files, guard=True)
     b.option("measure", meas, "--seed", ["-1", "99999999999999999999", "x"], files=meas_files, guard=True)
-    b.option("measure", meas, "--workload", ["poetry"], files=meas_files, guard=True)
+    b.option("measure", meas, "--workload", ["poetry", *NEAR_WORKLOADS], files=meas_files, guard=True)
     b.option("measure", meas, "--backend", ["tensorrt"], files=meas_files, guard=True)
     b.option("measure", meas, "--max-model-len", ["-1", "0", "63", "1000000000000", "x"], files=meas_files,
              guard=True)
@@ -198,7 +200,9 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     swp_files = ("good-model", "store-dir")
     b.option("sweep", ["sweep", "{tmp}/good-model", "--store", "{tmp}/store-dir/s.sqlite"], "--drafts",
              ["", ",", "ngram,,x", " "], files=swp_files, guard=True)
-    b.option("sweep", swp, "--workloads", ["poetry", "", "code,", "code,poetry"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--workloads", ["poetry", "", "code,", "code,poetry", *NEAR_WORKLOADS[:-1],
+                                     "code-edit,,summarization", "code-edit,summarize"],
+             files=swp_files, guard=True)
     b.option("sweep", swp, "--temperatures", ["", ",", "-1", "nan", "inf", "0,x", "x"], files=swp_files, guard=True)
     b.option("sweep", swp, "--k", ["-1", "0", "17", "x", "1.5", "1,2", "1..4", ""], files=swp_files, guard=True)
     b.option("sweep", swp, "--prompts", ["-1", "0", "1000000000000", "x"], files=swp_files, guard=True)
@@ -269,7 +273,7 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     # Prediction mode prices the pair at the acceptance prior when none is given; its options are checked.
     prior_mode = ["speedup", "--target", M_T, "--draft", M_D, "--gpu", "H200"]
     b.option("speedup-prior", prior_mode, "--temperature", ["-1", "nan", "3", "x"])
-    b.option("speedup-prior", prior_mode, "--workload", ["poetry", ""])
+    b.option("speedup-prior", prior_mode, "--workload", ["poetry", "", *NEAR_WORKLOADS])
     b.option("speedup-prior", prior_mode + ["--alpha", "0.7"], "--workload", ["code"])
     b.add("speedup-plot-is-dir", [*cf, "--plot", "{tmp}/store-dir"], files=("store-dir",))
     b.add("speedup-plot-missing-dir", [*cf, "--plot", "{tmp}/path-nonexistent/p.png"], files=("path-nonexistent",))
@@ -311,7 +315,7 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
         b.option(cmd, base, "--vllm-version", ["banana", ""])
         b.option(cmd, base, "--engine", ["tgi"])
         b.option(cmd, base, "--launcher", ["docker"])
-        b.option(cmd, base, "--workload", ["poetry"])
+        b.option(cmd, base, "--workload", ["poetry", *NEAR_WORKLOADS])
         # A --target-path that does not exist here is legitimate: it names the folder on the serving machine
         # (tests/test_launch.py serves /models/t); a path that is a file here, or a broken folder, is not.
         b.option(cmd, base, "--target-path", ["{tmp}/path-is-file", "{tmp}/path-dangling-symlink"],
@@ -331,6 +335,7 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     # ------------------------------------------------------------------ preflight
     pf = ["preflight", M_T, M_D, "--gpu", "H200"]
     b.option("preflight", pf, "--tp", ["0", "-1", "3", "1000000000000", "x"])
+    b.option("preflight", pf, "--workload", NEAR_WORKLOADS)
     b.option("preflight", pf, "--k", ["0", "-1", "100", "1000000000000", "x"])
     b.option("preflight", pf, "--max-model-len", ["-1", "0", "1000000000000", "x", ABSURD_LEN])
     b.option("preflight", pf, "--util", ["1.5", "0", "-0.1", "nan", "inf", "x"])

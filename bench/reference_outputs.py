@@ -99,6 +99,10 @@ def generate(workloads: list[str], temperatures: list[float], *, n: int, max_tok
                     "finish_reasons": [o.outputs[0].finish_reason for o in outs],
                     "prompt_ids": ids, "output_ids": output_ids,
                 }
+                greedy = next((r for r in records if r["workload"] == w and r["temperature"] == 0), None)
+                if temp > 0 and greedy and greedy["output_ids"] == output_ids:
+                    # Possible for short, echo-like outputs; for a full run it means sampling did not happen.
+                    print(f"warning: {w} T={temp:g} outputs equal the greedy ones", flush=True)
                 records.append(rec)
                 print(f"{w} T={temp:g}: {len(ids)} prompts, {sum(map(len, output_ids))} tokens in {seconds:.1f} s "
                       f"({rec['output_tokens_per_second']} tok/s; engine load {load_s:.0f} s), "

@@ -48,6 +48,7 @@ class Candidate:
     acceptance_citation: str = ""
     # ngram / suffix: published figures beside the replayed prior (acceptance.method_prior.published_cross_check)
     acceptance_cross_check: list[dict] = field(default_factory=list)
+    acceptance_mixture: dict | None = None  # ngram / suffix: draft probability and accepted length given a draft
     relation: str = ""
     best_k: int | None = None
     best_k_by_batch: dict[int, int | None] = field(default_factory=dict)
@@ -77,6 +78,7 @@ class Candidate:
             "acceptance": self.acceptance, "acceptance_low": self.acceptance_low,
             "acceptance_high": self.acceptance_high, "acceptance_source": self.acceptance_source,
             "acceptance_citation": self.acceptance_citation, "acceptance_cross_check": self.acceptance_cross_check,
+            "acceptance_mixture": self.acceptance_mixture,
             "relation": self.relation, "best_k": self.best_k,
             "best_k_by_batch": {str(b): k for b, k in self.best_k_by_batch.items()},
             "speedup": {str(b): v for b, v in self.speedup.items()},
@@ -158,6 +160,7 @@ def candidate_from(ev: PairEvaluation, kv_alone: int | None) -> Candidate:
     if est is not None:
         c.acceptance, c.acceptance_low, c.acceptance_high = est.alpha, est.low, est.high
         c.acceptance_source, c.acceptance_citation, c.relation = est.source, est.citation, est.relation
+        c.acceptance_mixture = est.mixture
     else:
         c.acceptance_source, c.relation = "none: measure it", d.method
     if d.method in NO_MODEL_METHODS:

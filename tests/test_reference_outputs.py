@@ -86,3 +86,42 @@ def test_help_says_what_each_workload_means(command):
     flat = " ".join(out.split())
     for w in WORKLOADS:
         assert f"{w}: {WORKLOAD_MEANING[w]}"[:30] in flat, (command, w)
+
+
+# ---- n-gram / suffix as a mixture (draft probability x accepted length given a draft)
+
+def test_reference_path_picks_the_sampled_reference_from_t_035(tmp_path, monkeypatch):
+    from draftfit.acceptance import method_prior as mp
+
+    monkeypatch.setattr(mp, "NGRAM_DIR", tmp_path)
+    (tmp_path / "code.json").write_text("{}")
+    assert mp.reference_path("code", 0.7).name == "code.json"  # no sampled reference yet: greedy
+    (tmp_path / "code-t0.7.json").write_text("{}")
+    assert mp.reference_path("code", 0.0).name == "code.json"
+    assert mp.reference_path("code", 0.34).name == "code.json"
+    assert mp.reference_path("code", 0.35).name == "code-t0.7.json"
+    assert mp.reference_path("code", 1.0).name == "code-t0.7.json"
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_method_prior_carries_the_mixture(method):
+    from draftfit.acceptance.method_prior import method_acceptance
+
+    est = method_acceptance(method, "code", 0.0)
+    m = est.mixture
+    assert 0 < m["draft_probability"] <= 1 and 0 <= m["accepted_per_draft"] <= m["k"]
+    # Tokens per step over all steps never exceed 1 + P(draft) x accepted per draft (non-drafting steps yield 1).
+    assert 1 + sum(est.per_position) <= 1 + m["draft_probability"] * m["accepted_per_draft"] + 1e-9
+
+
+def test_rank_explain_and_json_show_the_mixture():
+    from draftfit.cli import cli
+
+    argv = ["rank", "--target", "Llama-3.1-70B", "--gpu", "H100-80GB", "--tp", "2", "--workload", "code"]
+    out = CliRunner().invoke(cli, [*argv, "--explain", "ngram"], terminal_width=400).output
+    assert "draft probability" in out and "accepted length given a draft" in out
+    res = CliRunner().invoke(cli, [*argv, "--json"])
+    rows = json.loads(res.output)
+    rows = rows.get("candidates") or rows.get("rows")
+    ngram = next(r for r in rows if r["draft"] == "ngram")
+    assert {"draft_probability", "accepted_per_draft"} <= set(ngram["acceptance_mixture"])

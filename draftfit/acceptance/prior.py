@@ -29,7 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from draftfit import __version__
-from draftfit.paths import CATALOG_DIR, write_json_atomic
+from draftfit.paths import CATALOG_DIR, DATA_DIR, write_json_atomic
 from draftfit.catalog.specs import resolve_model
 from draftfit.compat import tokenizers as tokenizers_mod
 from draftfit.compat.tokenizers import catalog_verdict
@@ -580,6 +580,142 @@ def citation_for(relation: str) -> str:
 
 
 
+# ------------------------------------------------------------------- per-method prior on published measurements
+
+PUBLISHED_FILE = DATA_DIR / "reference" / "acceptance_published.yaml"
+METHOD_FIT_METHODS = ("eagle3", "eagle", "mtp", "ngram", "suffix")
+BAND_COVERAGE = 0.8  # the band is the smallest logit half-width covering this share of held-out points
+# The per-method prior as bench/priors.py fits it on acceptance_published.yaml (tests/test_published_priors.py
+# checks the fit reproduces these): mean logit alpha over sources (each source weighs the same, so one card's
+# 21 rows do not outvote another's 3), a temperature slope only where leave-one-source-out says it helps
+# (None: it did not), and the band's logit half-width from the held-out residuals.
+METHOD_PRIORS = {
+    "eagle3": {"logit": 0.914, "temperature": None, "band_logit": 0.737, "points": 61, "sources": 4},
+    "eagle": {"logit": 0.22, "temperature": None, "band_logit": 0.0, "points": 2, "sources": 1},
+    "mtp": {"logit": 1.298, "temperature": None, "band_logit": 1.979, "points": 5, "sources": 2},
+    "ngram": {"logit": 0.861, "temperature": None, "band_logit": 0.0, "points": 1, "sources": 1},
+    "suffix": {"logit": 0.49, "temperature": None, "band_logit": 0.0, "points": 1, "sources": 1},
+}
+
+
+@dataclass(frozen=True)
+class PublishedPoint:
+    id: str
+    source: str
+    method: str
+    workload: str
+    temperature: float
+    k: int
+    alpha: float  # per-token acceptance under the i.i.d. curve (curve.iid_alpha / alpha_from_rate)
+    figure: str
+    value: float
+    url: str
+
+
+def published_method_points(path: Path = PUBLISHED_FILE) -> list[PublishedPoint]:
+    """The rows of acceptance_published.yaml the per-method fit uses, each converted to per-token alpha.
+
+    Assumption of the conversion: acceptance is i.i.d. across draft positions, so a published tokens-per-step
+    figure tau at K gives alpha with (1 - a^(K+1)) / (1 - a) = tau (curve.iid_alpha) and a rate over drafted
+    tokens gives alpha with (tau - 1) / K = rate; a [low, high] range counts as its middle."""
+    import yaml
+
+    rows = (yaml.safe_load(path.read_text()) or {}).get("points") or []
+    out = []
+    for r in rows:
+        if r.get("fit") is False or r.get("method") not in METHOD_FIT_METHODS:
+            continue
+        v = r["value"]
+        value = (float(v[0]) + float(v[1])) / 2 if isinstance(v, list) else float(v)
+        k = int(r["k"])
+        alpha = curve_mod.iid_alpha(min(value, k + 0.999), k) if r["figure"] == "tokens_per_step" \
+            else alpha_from_rate(value, k)
+        out.append(PublishedPoint(id=r["id"], source=r["source"], method=r["method"], workload=r["workload"],
+                                  temperature=float(r["temperature"] or 0.0), k=k, alpha=alpha, figure=r["figure"],
+                                  value=value, url=r["url"]))
+    return out
+
+
+def _clip_logit(a: float) -> float:
+    return _logit(min(max(a, 1e-4), 1 - 1e-4))
+
+
+def fit_method(points: list[PublishedPoint], temperature_term: bool) -> tuple[float, float]:
+    """(intercept, temperature slope) of logit alpha, weighted least squares with every source weighing the same."""
+    n_src: dict[str, int] = {}
+    for p in points:
+        n_src[p.source] = n_src.get(p.source, 0) + 1
+    w = [1.0 / n_src[p.source] for p in points]
+    y = [_clip_logit(p.alpha) for p in points]
+    t = [p.temperature for p in points]
+    sw = sum(w)
+    ybar = sum(wi * yi for wi, yi in zip(w, y)) / sw
+    if not temperature_term:
+        return ybar, 0.0
+    tbar = sum(wi * ti for wi, ti in zip(w, t)) / sw
+    stt = sum(wi * (ti - tbar) ** 2 for wi, ti in zip(w, t))
+    if stt < 1e-9:
+        return ybar, 0.0
+    slope = sum(wi * (ti - tbar) * (yi - ybar) for wi, ti, yi in zip(w, t, y)) / stt
+    return ybar - slope * tbar, slope
+
+
+def leave_one_source_out(points: list[PublishedPoint], temperature_term: bool) -> list[tuple[PublishedPoint, float]]:
+    """Each point with the logit predicted by the fit on every other source (empty with fewer than 2 sources)."""
+    sources = sorted({p.source for p in points})
+    if len(sources) < 2:
+        return []
+    out = []
+    for s in sources:
+        b, m = fit_method([p for p in points if p.source != s], temperature_term)
+        out += [(p, b + m * p.temperature) for p in points if p.source == s]
+    return out
+
+
+def band_half_width(residuals: list[float], coverage: float = BAND_COVERAGE) -> float:
+    """The smallest half-width that covers `coverage` of the residuals: no wider than the data need."""
+    r = sorted(abs(x) for x in residuals)
+    return r[max(math.ceil(coverage * len(r)) - 1, 0)] if r else 0.0
+
+
+def method_prior_fit(points: list[PublishedPoint] | None = None) -> dict[str, dict]:
+    """Per method: the fitted prior, its leave-one-source-out errors, and the band covering 80 % of held-out
+    points. The temperature slope stays only when it lowers the held-out error."""
+    points = published_method_points() if points is None else points
+    out = {}
+    for method in METHOD_FIT_METHODS:
+        pts = [p for p in points if p.method == method]
+        if not pts:
+            continue
+        trials = {}
+        for term in (False, True):
+            loso = leave_one_source_out(pts, term)
+            res = [pred - _clip_logit(p.alpha) for p, pred in loso]
+            trials[term] = (sum(abs(x) for x in res) / len(res) if res else math.inf, loso, res)
+        use_t = trials[True][0] < trials[False][0] - 1e-9
+        mae, loso, res = trials[use_t]
+        b, m = fit_method(pts, use_t)
+        h = band_half_width(res)
+        covered = sum(abs(x) <= h + 1e-12 for x in res)
+        out[method] = {
+            "logit": round(b, 3), "temperature": round(m, 3) if use_t else None, "band_logit": round(h, 3),
+            "points": len(pts), "sources": len({p.source for p in pts}),
+            "loso_mae_logit": round(mae, 3) if loso else None,
+            "loso_mae_logit_other": round(trials[not use_t][0], 3) if loso else None,
+            "coverage": round(covered / len(res), 3) if res else None, "loso": loso,
+        }
+    return out
+
+
+def method_prior_alpha(method: str, temperature: float = 0.0) -> tuple[float, float, float] | None:
+    """(alpha, low, high) of the shipped per-method prior, or None for a method without one."""
+    p = METHOD_PRIORS.get(method)
+    if not p or not p["points"]:
+        return None
+    z = p["logit"] + (p["temperature"] or 0.0) * temperature
+    return _sigmoid(z), _sigmoid(z - p["band_logit"]), _sigmoid(z + p["band_logit"])
+
+
 # ------------------------------------------------------------------------------------------ entry
 
 def _resolve(m):
@@ -731,6 +867,9 @@ def prior_acceptance(target, draft, workload: str = "chat", temperature: float =
                                   notes=["different tokenizer: proposals are not target tokens"])
     if relation == "mtp":
         return _mtp_prior(target, workload)
+    method = str(getattr(draft, "method", "") or "")
+    if relation == "eagle_head" and method in ("eagle3", "eagle") and METHOD_PRIORS.get(method, {}).get("sources", 0) >= 2:
+        return _published_method_prior(method, relation, temperature)
     weights, sd, counts, n = _model()
     ratio = math.log(target.params_b / draft.params_b) if draft.params_b and target.params_b else 0.0
     z = predict_logit(weights, relation, ratio, workload, temperature)
@@ -746,3 +885,22 @@ def prior_acceptance(target, draft, workload: str = "chat", temperature: float =
                               high=round(high, 4), source=f"prior:{relation}", citation=citation_for(relation),
                               relation=relation, mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3),
                               notes=notes)
+
+
+def _published_method_prior(method: str, relation: str, temperature: float) -> AcceptanceEstimate:
+    """An EAGLE head's prior from the per-method fit on published vLLM-era measurements (acceptance_published.yaml):
+    no temperature term unless leave-one-source-out kept one, the band covering 80 % of held-out points."""
+    alpha, low, high = method_prior_alpha(method, temperature)
+    alpha = min(max(alpha, ALPHA_MIN), ALPHA_MAX)
+    p = METHOD_PRIORS[method]
+    srcs = sorted({q.source for q in published_method_points() if q.method == method})
+    notes = [f"{method} prior: {p['points']} published points from {p['sources']} sources; band covers "
+             f"{BAND_COVERAGE:.0%} of leave-one-source-out points (docs/benchmarks.md#priors)"]
+    if p["temperature"] is None:
+        notes.append("no temperature term: the published points do not support one")
+    notes.append("heads vary a lot by training recipe: measure yours with `draftfit measure`")
+    return AcceptanceEstimate(alpha=round(alpha, 4), per_position=per_position_from_alpha(alpha),
+                              low=round(min(low, alpha), 4), high=round(max(high, alpha), 4),
+                              source=f"prior:{relation}", relation=relation,
+                              citation="acceptance_published.yaml: " + ", ".join(srcs),
+                              mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3), notes=notes)

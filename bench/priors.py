@@ -77,8 +77,7 @@ def published_section() -> str:
         table.append([
             method, d["points"], d["sources"], f"{alpha:.3f} ({lo:.3f}-{hi:.3f})",
             f"{priors.tau_from_alpha(alpha, k_show):.2f}",
-            "kept {:+.2f}/T".format(d["temperature"]) if d["temperature"] is not None else (
-                f"dropped (LOSO logit MAE {d['loso_mae_logit_other']:.3f} with it)" if loso else "n/a"),
+            ", ".join(f"{k} {v:.3f}" for k, v in d["trials"].items()) or "n/a (one source)",
             f"{d['loso_mae_logit']:.3f}" if loso else "n/a (one source)",
             f"{sum(abs(e) for e in tau_err) / len(tau_err):.2f}" if loso else "n/a",
             f"{sum(abs(r) for r in rel) / len(rel):.0%}" if loso else "n/a",
@@ -93,17 +92,33 @@ def published_section() -> str:
                            f"{sum(p.alpha for p, _, _ in items) / len(items):.3f}",
                            f"{priors._sigmoid(items[0][1]):.3f}",
                            f"{sum(e for _, _, e in items) / len(items):+.2f}", f"{inside}/{len(items)}"])
+    # Draft models (the relation fit of acceptance_priors.yaml plus stored runs): left out one source at a time
+    # too, against the band rank shows for them (BAND_Z x the LOO logit sd).
+    dpts, _ = priors.fit_points()
+    _, sd, _, _ = priors._model()
+    res, tau_err = [], []
+    for src in sorted({p.source for p in dpts}):
+        w = priors.fit_weights([p for p in dpts if p.source != src])
+        for p in [p for p in dpts if p.source == src]:
+            z = priors.predict_logit(w, p.relation, p.log_size_ratio, p.workload, p.temperature)
+            res.append(z - priors._clip_logit(p.alpha))
+            tau_err.append(priors.tau_from_alpha(priors._sigmoid(z), k_show) - priors.tau_from_alpha(p.alpha, k_show))
+    half = priors.BAND_Z * sd
+    table.append(["draft model (relation fit)", len(dpts), len({p.source for p in dpts}), "by relation, size, T",
+                  "", "relation fit (bench:priors above)", f"{sum(map(abs, res)) / len(res):.3f}",
+                  f"{sum(map(abs, tau_err)) / len(tau_err):.2f} (at K={k_show})", "",
+                  f"{sum(abs(r) <= half for r in res) / len(res):.0%} of {len(res)} (band ±{half:.2f} logit)"])
     n_src = len({r["source"] for r in rows_all})
     return "\n\n".join([
         f"`draftfit/data/reference/acceptance_published.yaml`: {len(rows_all)} published real-weight rows from "
         f"{n_src} sources, {len(points)} used by the fit (the rest state no K or temperature, or come from "
         "another engine). Each figure is turned into per-token alpha with the i.i.d. curve (tokens per step tau "
         "at K: (1-a^(K+1))/(1-a) = tau, curve.iid_alpha; a rate over drafted tokens: (tau-1)/K). Per method the "
-        "prior is the source-weighted mean logit alpha; a temperature term is tried and kept only if it lowers "
-        "the leave-one-source-out (LOSO) error; the band is the smallest logit half-width covering "
+        "prior is the source-weighted mean logit alpha; temperature and workload (code, math, summarization) "
+        "terms are tried and kept only if they lower the leave-one-source-out (LOSO) error; the band is the smallest logit half-width covering "
         f"{priors.BAND_COVERAGE:.0%} of the LOSO residuals. Errors below are on tokens per step at each held-out "
         f"point's own K. Not fitted on, and not read: arXiv 2601.11580 (the external check).",
-        markdown_table(["method", "points", "sources", "alpha (band)", f"tau@K={k_show}", "temperature term",
+        markdown_table(["method", "points", "sources", "alpha (band)", f"tau@K={k_show}", "LOSO logit MAE by terms tried (none is kept unless it wins)",
                         "LOSO MAE logit", "LOSO MAE tau", "LOSO MAE tau %", "band coverage (held out)"], table),
         markdown_table(["method", "held-out source", "points", "T", "alpha published (mean)", "alpha LOSO",
                         "mean tau error", "inside band"], detail),

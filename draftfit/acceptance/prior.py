@@ -588,13 +588,18 @@ BAND_COVERAGE = 0.8  # the band is the smallest logit half-width covering this s
 # The per-method prior as bench/priors.py fits it on acceptance_published.yaml (tests/test_published_priors.py
 # checks the fit reproduces these): mean logit alpha over sources (each source weighs the same, so one card's
 # 21 rows do not outvote another's 3), a temperature slope only where leave-one-source-out says it helps
-# (None: it did not), and the band's logit half-width from the held-out residuals.
+# or workload offsets (None: they did not), and the band's logit half-width from the held-out residuals.
 METHOD_PRIORS = {
-    "eagle3": {"logit": 0.914, "temperature": None, "band_logit": 0.737, "points": 61, "sources": 4},
-    "eagle": {"logit": 0.22, "temperature": None, "band_logit": 0.0, "points": 2, "sources": 1},
-    "mtp": {"logit": 1.298, "temperature": None, "band_logit": 1.979, "points": 5, "sources": 2},
-    "ngram": {"logit": 0.861, "temperature": None, "band_logit": 0.0, "points": 1, "sources": 1},
-    "suffix": {"logit": 0.49, "temperature": None, "band_logit": 0.0, "points": 1, "sources": 1},
+    "eagle3": {"logit": 0.914, "temperature": None, "workload": None, "band_logit": 0.737,
+               "points": 61, "sources": 4},
+    "eagle": {"logit": 0.22, "temperature": None, "workload": None, "band_logit": 0.0,
+               "points": 2, "sources": 1},
+    "mtp": {"logit": 1.298, "temperature": None, "workload": None, "band_logit": 1.979,
+               "points": 5, "sources": 2},
+    "ngram": {"logit": 0.861, "temperature": None, "workload": None, "band_logit": 0.0,
+               "points": 1, "sources": 1},
+    "suffix": {"logit": 0.49, "temperature": None, "workload": None, "band_logit": 0.0,
+               "points": 1, "sources": 1},
 }
 
 
@@ -640,35 +645,52 @@ def _clip_logit(a: float) -> float:
     return _logit(min(max(a, 1e-4), 1 - 1e-4))
 
 
-def fit_method(points: list[PublishedPoint], temperature_term: bool) -> tuple[float, float]:
-    """(intercept, temperature slope) of logit alpha, weighted least squares with every source weighing the same."""
+METHOD_WORKLOADS = ("code", "math", "summarization")  # offsets a workload term may carry; chat/mixed are the base
+METHOD_TERMS = ((), ("temperature",), ("workload",), ("temperature", "workload"))
+TERM_RIDGE = 0.1  # keeps a workload offset near 0 where a held-out fit has no point of that workload
+
+
+def _method_features(p_temperature: float, workload: str, terms: tuple) -> list[float]:
+    x = [1.0]
+    if "temperature" in terms:
+        x.append(p_temperature)
+    if "workload" in terms:
+        x += [1.0 if workload == w else 0.0 for w in METHOD_WORKLOADS]
+    return x
+
+
+def fit_method(points: list[PublishedPoint], terms: tuple = ()) -> list[float]:
+    """Weights of logit alpha on _method_features, weighted least squares with every source weighing the same
+    (so one card's 21 rows do not outvote another's 3), a small ridge on everything but the intercept."""
     n_src: dict[str, int] = {}
     for p in points:
         n_src[p.source] = n_src.get(p.source, 0) + 1
-    w = [1.0 / n_src[p.source] for p in points]
-    y = [_clip_logit(p.alpha) for p in points]
-    t = [p.temperature for p in points]
-    sw = sum(w)
-    ybar = sum(wi * yi for wi, yi in zip(w, y)) / sw
-    if not temperature_term:
-        return ybar, 0.0
-    tbar = sum(wi * ti for wi, ti in zip(w, t)) / sw
-    stt = sum(wi * (ti - tbar) ** 2 for wi, ti in zip(w, t))
-    if stt < 1e-9:
-        return ybar, 0.0
-    slope = sum(wi * (ti - tbar) * (yi - ybar) for wi, ti, yi in zip(w, t, y)) / stt
-    return ybar - slope * tbar, slope
+    xs = [_method_features(p.temperature, p.workload, terms) for p in points]
+    n = len(xs[0])
+    a = [[TERM_RIDGE if (i == j and i > 0) else 0.0 for j in range(n)] for i in range(n)]
+    b = [0.0] * n
+    for p, x in zip(points, xs):
+        w, y = 1.0 / n_src[p.source], _clip_logit(p.alpha)
+        for i in range(n):
+            b[i] += w * x[i] * y
+            for j in range(n):
+                a[i][j] += w * x[i] * x[j]
+    return _solve(a, b)
 
 
-def leave_one_source_out(points: list[PublishedPoint], temperature_term: bool) -> list[tuple[PublishedPoint, float]]:
+def _predict(weights: list[float], temperature: float, workload: str, terms: tuple) -> float:
+    return sum(w * x for w, x in zip(weights, _method_features(temperature, workload, terms)))
+
+
+def leave_one_source_out(points: list[PublishedPoint], terms: tuple = ()) -> list[tuple[PublishedPoint, float]]:
     """Each point with the logit predicted by the fit on every other source (empty with fewer than 2 sources)."""
     sources = sorted({p.source for p in points})
     if len(sources) < 2:
         return []
     out = []
     for s in sources:
-        b, m = fit_method([p for p in points if p.source != s], temperature_term)
-        out += [(p, b + m * p.temperature) for p in points if p.source == s]
+        w = fit_method([p for p in points if p.source != s], terms)
+        out += [(p, _predict(w, p.temperature, p.workload, terms)) for p in points if p.source == s]
     return out
 
 
@@ -680,7 +702,8 @@ def band_half_width(residuals: list[float], coverage: float = BAND_COVERAGE) -> 
 
 def method_prior_fit(points: list[PublishedPoint] | None = None) -> dict[str, dict]:
     """Per method: the fitted prior, its leave-one-source-out errors, and the band covering 80 % of held-out
-    points. The temperature slope stays only when it lowers the held-out error."""
+    points. A temperature or workload term stays only when it lowers the held-out error (every combination is
+    tried; `trials` keeps each one's LOSO logit MAE for the benchmark)."""
     points = published_method_points() if points is None else points
     out = {}
     for method in METHOD_FIT_METHODS:
@@ -688,31 +711,36 @@ def method_prior_fit(points: list[PublishedPoint] | None = None) -> dict[str, di
         if not pts:
             continue
         trials = {}
-        for term in (False, True):
-            loso = leave_one_source_out(pts, term)
+        for terms in METHOD_TERMS:
+            loso = leave_one_source_out(pts, terms)
             res = [pred - _clip_logit(p.alpha) for p, pred in loso]
-            trials[term] = (sum(abs(x) for x in res) / len(res) if res else math.inf, loso, res)
-        use_t = trials[True][0] < trials[False][0] - 1e-9
-        mae, loso, res = trials[use_t]
-        b, m = fit_method(pts, use_t)
+            trials[terms] = (sum(abs(x) for x in res) / len(res) if res else math.inf, loso, res)
+        best = min(METHOD_TERMS, key=lambda t: (round(trials[t][0], 9), len(t)))
+        mae, loso, res = trials[best]
+        w = fit_method(pts, best)
         h = band_half_width(res)
         covered = sum(abs(x) <= h + 1e-12 for x in res)
+        i = 1
+        temp = None
+        if "temperature" in best:
+            temp, i = round(w[1], 3), 2
+        wl = {name: round(v, 3) for name, v in zip(METHOD_WORKLOADS, w[i:])} if "workload" in best else None
         out[method] = {
-            "logit": round(b, 3), "temperature": round(m, 3) if use_t else None, "band_logit": round(h, 3),
+            "logit": round(w[0], 3), "temperature": temp, "workload": wl, "band_logit": round(h, 3),
             "points": len(pts), "sources": len({p.source for p in pts}),
-            "loso_mae_logit": round(mae, 3) if loso else None,
-            "loso_mae_logit_other": round(trials[not use_t][0], 3) if loso else None,
-            "coverage": round(covered / len(res), 3) if res else None, "loso": loso,
+            "loso_mae_logit": round(mae, 3) if loso else None, "loso": loso,
+            "coverage": round(covered / len(res), 3) if res else None,
+            "trials": {"+".join(t) or "none": round(v[0], 3) for t, v in trials.items() if v[1]},
         }
     return out
 
 
-def method_prior_alpha(method: str, temperature: float = 0.0) -> tuple[float, float, float] | None:
+def method_prior_alpha(method: str, temperature: float = 0.0, workload: str = "chat") -> tuple[float, float, float] | None:
     """(alpha, low, high) of the shipped per-method prior, or None for a method without one."""
     p = METHOD_PRIORS.get(method)
     if not p or not p["points"]:
         return None
-    z = p["logit"] + (p["temperature"] or 0.0) * temperature
+    z = p["logit"] + (p["temperature"] or 0.0) * temperature + (p["workload"] or {}).get(workload, 0.0)
     return _sigmoid(z), _sigmoid(z - p["band_logit"]), _sigmoid(z + p["band_logit"])
 
 
@@ -869,7 +897,7 @@ def prior_acceptance(target, draft, workload: str = "chat", temperature: float =
         return _mtp_prior(target, workload)
     method = str(getattr(draft, "method", "") or "")
     if relation == "eagle_head" and method in ("eagle3", "eagle") and METHOD_PRIORS.get(method, {}).get("sources", 0) >= 2:
-        return _published_method_prior(method, relation, temperature)
+        return _published_method_prior(method, relation, temperature, workload)
     weights, sd, counts, n = _model()
     ratio = math.log(target.params_b / draft.params_b) if draft.params_b and target.params_b else 0.0
     z = predict_logit(weights, relation, ratio, workload, temperature)
@@ -887,10 +915,10 @@ def prior_acceptance(target, draft, workload: str = "chat", temperature: float =
                               notes=notes)
 
 
-def _published_method_prior(method: str, relation: str, temperature: float) -> AcceptanceEstimate:
+def _published_method_prior(method: str, relation: str, temperature: float, workload: str) -> AcceptanceEstimate:
     """An EAGLE head's prior from the per-method fit on published vLLM-era measurements (acceptance_published.yaml):
     no temperature term unless leave-one-source-out kept one, the band covering 80 % of held-out points."""
-    alpha, low, high = method_prior_alpha(method, temperature)
+    alpha, low, high = method_prior_alpha(method, temperature, workload)
     alpha = min(max(alpha, ALPHA_MIN), ALPHA_MAX)
     p = METHOD_PRIORS[method]
     srcs = sorted({q.source for q in published_method_points() if q.method == method})
@@ -898,6 +926,8 @@ def _published_method_prior(method: str, relation: str, temperature: float) -> A
              f"{BAND_COVERAGE:.0%} of leave-one-source-out points (docs/benchmarks.md#priors)"]
     if p["temperature"] is None:
         notes.append("no temperature term: the published points do not support one")
+    if p["workload"] is None:
+        notes.append("no workload term: the published points do not support one")
     notes.append("heads vary a lot by training recipe: measure yours with `draftfit measure`")
     return AcceptanceEstimate(alpha=round(alpha, 4), per_position=per_position_from_alpha(alpha),
                               low=round(min(low, alpha), 4), high=round(max(high, alpha), 4),

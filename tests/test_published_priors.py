@@ -71,3 +71,18 @@ def test_eagle3_prior_has_no_temperature_term_the_data_do_not_show():
     assert t0.alpha == t1.alpha and "acceptance_published.yaml" in t0.citation
     # published vLLM EAGLE-3 at T=0 (Llama-3.1-8B MT-bench K=7: 3.53 tokens per step) lies inside the band
     assert t0.low <= prior.alpha_from_tau(3.53, 7) <= t0.high
+
+
+def test_draft_model_band_covers_80_percent_with_the_source_left_out():
+    points, _ = prior.fit_points()
+    fitted = prior.AcceptancePrior().fit(points)
+    res = []
+    for s in sorted({p.source for p in points}):
+        w = prior.fit_weights([p for p in points if p.source != s])
+        res += [prior.predict_logit(w, p.relation, p.log_size_ratio, p.workload, p.temperature) - prior._logit(p.alpha)
+                for p in points if p.source == s]
+    half = max(prior.BAND_Z * fitted.loo_sd_, fitted.loso_half_)
+    assert sum(abs(r) <= half + 1e-9 for r in res) / len(res) >= 0.8
+    e = prior.prior_acceptance("Llama-3.1-70B", "Llama-3.1-8B", "chat", 0.0, use_store=False)
+    z = prior._logit(e.alpha)
+    assert abs(prior._logit(e.low) - (z - half)) < 0.05 or e.low <= prior.ALPHA_MIN + 1e-6

@@ -405,6 +405,16 @@ class AcceptancePrior:
             self.loo_sd_ = math.sqrt(sum(r * r for r in res) / len(res))
         else:
             self.loo_sd_ = LOO_SD_FEW_POINTS
+        # Issue 36: the band must also cover 80 % of points when their whole source is left out (a new paper or
+        # a user's run is a new source, not one more point of a known one): the smallest such logit half-width.
+        sources = sorted({p.source for p in points})
+        res = []
+        if len(sources) >= 2:
+            for s in sources:
+                w = fit_weights([p for p in points if p.source != s], self.ridge)
+                res += [predict_logit(w, p.relation, p.log_size_ratio, p.workload, p.temperature) - _logit(p.alpha)
+                        for p in points if p.source == s]
+        self.loso_half_ = band_half_width(res) if res else 0.0
         return self
 
     def predict_logit(self, relation: str, log_size_ratio: float, workload: str, temperature: float) -> float:
@@ -412,7 +422,8 @@ class AcceptancePrior:
 
     def to_state(self) -> dict:
         return {"ridge": self.ridge, "coef": list(self.coef_), "loo_sd": self.loo_sd_,
-                "relation_counts": dict(self.relation_counts_), "n_points": self.n_points_}
+                "relation_counts": dict(self.relation_counts_), "n_points": self.n_points_,
+                "loso_half": self.loso_half_}
 
     @classmethod
     def from_state(cls, state: dict) -> "AcceptancePrior":
@@ -424,13 +435,14 @@ class AcceptancePrior:
         prior.loo_sd_ = float(state["loo_sd"])
         prior.relation_counts_ = {str(k): int(v) for k, v in state["relation_counts"].items()}
         prior.n_points_ = int(state["n_points"])
+        prior.loso_half_ = float(state["loso_half"])
         return prior
 
 
 # ---------------------------------------------------------------------------------------- fit cache
 
 PRIOR_CACHE_SUFFIX = ".prior-fit.json"
-PRIOR_CACHE_FORMAT = 1
+PRIOR_CACHE_FORMAT = 2  # 2: loso_half
 # Source files whose code decides the fitted numbers: an edited checkout must not read an older fit.
 _FIT_CODE = (__file__, store_mod.__file__, curve_mod.__file__, specs_mod.__file__, tokenizers_mod.__file__)
 
@@ -902,11 +914,12 @@ def prior_acceptance(target, draft, workload: str = "chat", temperature: float =
     ratio = math.log(target.params_b / draft.params_b) if draft.params_b and target.params_b else 0.0
     z = predict_logit(weights, relation, ratio, workload, temperature)
     # Relations the data barely covers get a wider band.
-    spread = BAND_Z * sd * (1.0 if counts.get(relation, 0) >= 3 else 1.5)
+    spread = max(BAND_Z * sd * (1.0 if counts.get(relation, 0) >= 3 else 1.5), fitted_prior().loso_half_)
     alpha = min(max(_sigmoid(z), ALPHA_MIN), ALPHA_MAX)
     low = min(max(_sigmoid(z - spread), ALPHA_MIN), alpha)
     high = max(min(_sigmoid(z + spread), ALPHA_MAX), alpha)
-    notes = [f"fitted on {n} data points; LOO logit sd {sd:.2f}"]
+    notes = [f"fitted on {n} data points; LOO logit sd {sd:.2f}; band ±{spread:.2f} logit covers "
+             f"{BAND_COVERAGE:.0%} of points with their source left out (docs/benchmarks.md#priors-published)"]
     if relation == "eagle_head":
         notes.append("EAGLE heads vary a lot by training recipe (tau 2.9-5.1 for Llama-3.3-70B heads at K=7)")
     return AcceptanceEstimate(alpha=round(alpha, 4), per_position=per_position_from_alpha(alpha), low=round(low, 4),

@@ -23,7 +23,8 @@ def test_every_row_names_its_url_settings_and_kind_of_figure():
         assert not missing, (r["id"], missing)
         assert r["url"].startswith("https://"), r["id"]
         assert "2601.11580" not in r["url"], "SpecDecode-Bench is the held-out external check"
-        assert r["figure"] in ("tokens_per_step", "acceptance_rate"), r["id"]
+        assert r["figure"] in ("tokens_per_step", "acceptance_rate", "speedup"), r["id"]
+        assert r["figure"] != "speedup" or r.get("fit") is False, f"{r['id']}: a speedup is context, never fitted"
         assert r["read_from"] in ("table", "text"), r["id"]
         v = r["value"]
         for x in v if isinstance(v, list) else [v]:

@@ -80,11 +80,10 @@ def test_each_new_head_has_its_published_acceptance_with_a_source(target, head, 
 def test_the_eagle_head_prior_cites_published_eagle3_numbers():
     row = _rows("Qwen3-8B")["EAGLE3-Qwen3-8B"]
     if row["acceptance_source"].startswith("prior:"):
-        assert "nebius-eagle3" in row["acceptance_citation"]
+        # issue 36: the EAGLE-3 prior is the per-method fit on acceptance_published.yaml (nebius' cards among its sources)
+        assert "acceptance_published.yaml" in row["acceptance_citation"] and "nebius" in row["acceptance_citation"]
 
 
-@pytest.mark.xfail(strict=True, reason="the eagle_head prior is one fit for every head (prior.py); the AngelSlim "
-                   "Qwen3-8B head's own published K=2 numbers (alpha ~0.6) lie below its band until a per-head prior")
 def test_the_qwen3_8b_head_band_covers_its_own_published_acceptance():
     row = _rows("Qwen3-8B", "--workload", "code")["EAGLE3-Qwen3-8B"]
     pts, _ = _published_head_points("AngelSlim/Qwen3-8B_eagle3")

@@ -508,6 +508,11 @@ def draft_pass_ms(roofline_ms: float, num_layers: int, layer_ms: float) -> float
     return max(roofline_ms, num_layers * layer_ms)
 
 
+# Drafting methods that run no draft forward pass (catalog.specs.method_drafter: no model): their proposal is a host
+# lookup, priced by prior_step_cost without any draft pass or the draft_model tables' fitted fixed cost.
+NO_FORWARD_METHODS = ("ngram", "suffix")
+
+
 def heads_async_scheduling(draft) -> bool:
     """Whether vLLM schedules the next step while this one runs with `draft`: on by default for EAGLE/MTP heads and
     off for draft_model and the CPU n-gram / suffix proposers (0.26 config/vllm.py: async_scheduling None becomes True
@@ -550,7 +555,8 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     spec, verify, band, first, verify_gpu, verify_host = {}, {}, {}, {}, {}, {}
     # A speculative step's host overhead beyond its passes: a plain step's where vLLM keeps async scheduling on
     # (heads_async_scheduling), else what the draft_model tables fitted (their steps run without it).
-    fixed_ms = ov["plain_ms"] + ov["plain_seq_ms"] * batch if heads_async_scheduling(draft) \
+    no_forward = getattr(draft, "method", "") in NO_FORWARD_METHODS
+    fixed_ms = ov["plain_ms"] + ov["plain_seq_ms"] * batch if heads_async_scheduling(draft) or no_forward \
         else ov["spec_ms"] + ov["spec_seq_ms"] * batch
     for k in k_values:
         verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
@@ -568,7 +574,13 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
             verify_host[k] = eager_host_ms(target)
             verify[k] = eager_forward_ms(target, verify[k])
             first[k] = eager_forward_ms(draft, first[k])
-        if async_head:
+        if no_forward:
+            # n-gram / suffix: no draft forward at all (vLLM's proposer looks the K tokens up per request on the host,
+            # v1/spec_decode/ngram_proposer.py propose(): one lookup per sequence, not K passes), so the step is the
+            # verify plus a plain step's host overhead and one lookup per sequence; it carries none of the
+            # draft_model tables' fitted fixed cost (spec_ms, spec_seq_ms), which is a draft model's proposer's
+            spec[k] = verify[k] + fixed_ms + batch * ov["draft_seq_ms"]
+        elif async_head:
             # The head's K passes on the GPU one after another (the first over the B x (K+1) verified tokens), each
             # at most its launch time, and the host overhead of a plain step (head_on_async_runner): no fitted term.
             spec[k] = verify[k] + first[k] + (k - 1) * draft_pass_ms(draft_roof, draft.num_layers,
@@ -652,11 +664,25 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
         # a plain step, so the line's intercept is floored there; where the first pass hides it may lie below.
         floor = None if first_pass_hidden(overheads) else base
         a, b = _linear_fit(sorted(measured), [measured[k] for k in sorted(measured)], floor=floor)
+        band = table.step_band
         # With 3+ K the line replaces the measured points too: each K adds one draft pass and one verified
         # token, and on the H200 tables the line through one engine start's K predicts another start's
         # steps better than its raw per-K values (mean error 15.2 % against 17.9 %, 128 points; docs/benchmarks.md).
+        # The line is drawn only through the K on the same side of vLLM's CUDA-graph limit as the K asked for
+        # (graph_miss): past it the verify runs eagerly and the steps jump, and one line across the jump bends to
+        # it (Qwen3-30B-A3B + Qwen3-0.6B at batch 128: K 4-6 eager at 91-187 ms pulled K=1 to 8.5 ms, under the
+        # 18.5 ms plain step, where 32.5 ms was measured).
         for k in k_values:
-            spec[k] = (a + b * k if len(measured) >= 3 or k not in measured else measured[k]) * scale
+            same = sorted(kk for kk in measured if graph_miss(anchor, kk) == graph_miss(anchor, k))
+            if len(same) >= 3 and len(same) < len(measured):
+                a_k, b_k = _linear_fit(same, [measured[kk] for kk in same], floor=floor)
+            else:
+                a_k, b_k = a, b
+            line = a_k + b_k * k
+            if k in measured:
+                # A measured point is never contradicted: the line stays within that point's band.
+                line = min(max(line, measured[k] * (1 - band)), measured[k] * (1 + band))
+            spec[k] = (line if len(same) >= 3 or k not in measured else measured[k]) * scale
     else:  # one K measured: the prior's step costs over K, scaled to pass through the measured one
         (k0, m0), = measured.items()
         pr = prior_step_cost(target, draft, gpu, batch=anchor, k_values=sorted({k0, k0 + 1, *k_values}), tp=tp,
@@ -667,6 +693,8 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
         b = (pr.spec_step_ms[k0 + 1] - pr.spec_step_ms[k0]) * f
         a = m0 - b * k0
     base *= scale
+    # A speculative step verifies at least the plain step's tokens: it never costs less than a plain step.
+    spec = {k: max(v, base) for k, v in spec.items()}
     # b: cost of one more drafted token (a draft pass plus the verify's extra token); a - base: the fixed
     # extra cost of a speculative step over a plain one.
     unc = table.step_band * (1 if anchor == batch else 2)

@@ -45,6 +45,9 @@ def test_invariants_hold_over_catalog_pairs(version):
                     assert r["spec_step_ms"] >= bp.base_step_ms * (1 - 1e-9), (t.name, d.name, b, k)
                     assert r["speedup"] <= r["expected_tokens_per_step"] * (1 + 1e-9)
                     assert r["low"] <= r["speedup"] <= r["high"]
+                    if "terms" in r:  # the named sum adds up to the step, every term tagged with a source
+                        assert sum(x["ms"] for x in r["terms"].values()) == pytest.approx(r["spec_step_ms"])
+                        assert all(x["source"] for x in r["terms"].values())
             n += 1
     assert n > 10
 

@@ -209,6 +209,8 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
             per_k[k] = {"speedup": e * ratio, "low": e_lo * ratio * (1 - band),
                         "high": e_hi * ratio * (1 + band), "expected_tokens_per_step": e,
                         "spec_step_ms": sc.spec_step_ms[k], "tpot_ms": sc.spec_step_ms[k] / e}
+            if sc.terms.get(k):  # the step as a named sum with each term's source (roofline prior)
+                per_k[k]["terms"] = sc.terms[k]
         check_invariants(model.target, model.draft, b, sc.base_step_ms, per_k)
         best = best_k({k: per_k[k]["speedup"] for k in ks})
         best_s = per_k[best]["speedup"]

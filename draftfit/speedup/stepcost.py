@@ -345,6 +345,9 @@ class StepCost:
     draft_first_ms: dict = field(default_factory=dict)  # K -> the draft's first pass (prior only; eager_forward_ms)
     verify_gpu_ms: dict = field(default_factory=dict)  # K -> the verify's GPU work: roofline + MoE per-token work
     verify_host_ms: dict = field(default_factory=dict)  # K -> the verify's eager launch time, 0 when graphed
+    # K -> the speculative step as a named sum {term: {"ms", "source"}} whose ms add up to spec_step_ms[K] (prior
+    # only; a calibrated step is one measured number)
+    terms: dict = field(default_factory=dict)
 
     def band(self, k: int) -> float:
         return self.uncertainty_by_k.get(k, self.uncertainty)
@@ -552,7 +555,7 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     if graph_miss(batch, 0):  # the draft's loop passes over B tokens run eagerly too
         draft_roof = eager_forward_ms(draft, draft_roof)
     draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, layer_ms) + batch * ov["draft_seq_ms"]
-    spec, verify, band, first, verify_gpu, verify_host = {}, {}, {}, {}, {}, {}
+    spec, verify, band, first, verify_gpu, verify_host, terms = {}, {}, {}, {}, {}, {}, {}
     # A speculative step's host overhead beyond its passes: a plain step's where vLLM keeps async scheduling on
     # (heads_async_scheduling), else what the draft_model tables fitted (their steps run without it).
     no_forward = getattr(draft, "method", "") in NO_FORWARD_METHODS
@@ -589,6 +592,8 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
             spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, layer_ms, hidden,
                                                   first[k], verify_roof) \
                 + k * batch * ov["draft_seq_ms"] + fixed_ms
+        terms[k] = _step_terms(spec[k], verify[k], verify_host[k], fixed_ms, moe_ms, batch=batch, k=k, ov=ov,
+                               no_forward=no_forward, async_head=async_head)
         host_ms, gpu_ms = draft_loop_host_and_gpu_ms(target, draft, gpu, batch=batch, k=k, tp=tp,
                                                      context_len=context_len, overheads=ov, loop_factor=loop_factor)
         band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if host_ms > gpu_ms else PRIOR_UNCERTAINTY_GPU_BOUND
@@ -598,7 +603,31 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
                     c=draft_fwd / base, spec_overhead_ms=spec_overhead,
                     source="roofline prior", uncertainty=max(band.values(), default=PRIOR_UNCERTAINTY_GPU_BOUND),
                     verify_ms=verify, uncertainty_by_k=band, draft_first_ms=first, verify_gpu_ms=verify_gpu,
-                    verify_host_ms=verify_host)
+                    verify_host_ms=verify_host, terms=terms)
+
+
+def _step_terms(spec_ms: float, verify_ms: float, verify_host_ms: float, fixed_ms: float, moe_ms: float, *,
+                batch: int, k: int, ov: dict, no_forward: bool, async_head: bool) -> dict:
+    """prior_step_cost's speculative step as a named sum, each term tagged with its source; the terms add up to the
+    step. `ov` says which vLLM tables the fitted terms were fitted on."""
+    fit = f"fitted on vLLM {ov.get('vllm_version') or DEFAULT_TABLE_VLLM} draft_model tables"
+    seq_ms = batch * ov["draft_seq_ms"] * (1 if no_forward else k)
+    out = {"verify": {"ms": verify_ms - moe_ms if verify_host_ms <= verify_ms - moe_ms else verify_ms,
+                      "source": "roofline (target weights + KV over bandwidth, FLOPs); eager launch where the "
+                                "step misses the CUDA graphs: measured (EAGER_HOST_LAYER_MS)"}}
+    if moe_ms and verify_host_ms <= verify_ms - moe_ms:
+        out["moe_per_token"] = {"ms": moe_ms, "source": f"{fit} (MoE tables, moe_token_layer_ms)"}
+    heads_or_none = async_head or no_forward or fixed_ms == ov["plain_ms"] + ov["plain_seq_ms"] * batch
+    out["fixed_host"] = {"ms": fixed_ms, "source": ("a plain step's host overhead, fitted on the tables' baselines "
+                                                    "(vLLM source: async scheduling / no draft proposer state)")
+                         if heads_or_none else f"{fit} (spec_ms, spec_seq_ms)"}
+    out["draft_lookup_per_seq" if no_forward else "draft_per_seq"] = {
+        "ms": seq_ms, "source": f"{fit} (draft_seq_ms)"}
+    passes = spec_ms - sum(t["ms"] for t in out.values())
+    if not no_forward:
+        out["draft_passes"] = {"ms": passes, "source": "roofline per pass, or the host launch per draft layer "
+                                                       f"{fit} (draft_layer_ms), whichever is longer"}
+    return out
 
 
 def _interp_log_batch(points: dict, batch: int) -> float | None:

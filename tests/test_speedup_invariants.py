@@ -130,3 +130,16 @@ def test_planted_violation_in_step_costs_reaches_the_user(monkeypatch):
     monkeypatch.setattr(predict_mod, "step_cost_model", broken)
     with pytest.raises(DraftfitError, match="Llama-3.1-8B"):
         predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.8, batches=[1], k_values=[2])
+
+
+def test_memory_and_speedup_read_one_kv_figure_for_every_catalog_model():
+    """catalog.shapes is the one home of KV bytes per token: the memory plan and the speedup model agree for every
+    catalog model (DeepSeek-V3's MLA latent was about 7x in the speedup path before)."""
+    from draftfit.memory import plan
+    from draftfit.speedup.stepcost import kv_bytes_per_token_per_rank
+    for m in load_models():
+        if not m.num_layers or not m.num_kv_heads:
+            continue
+        for tp in (1, 2, 8):
+            assert kv_bytes_per_token_per_rank(m, tp) == plan.kv_bytes_per_token(m, tp, 2), (m.name, tp)
+            assert kv_bytes_per_token_per_rank(m, tp, 1) == plan.kv_bytes_per_token(m, tp, 1), (m.name, tp)

@@ -37,6 +37,7 @@ from draftfit.calibration import drain as _drain_module, tables as _tables_modul
 from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, PooledSteps, find_tables, load_tables,
                                          model_spec as resolve, table_vllm, tables_of_version)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
+from draftfit.catalog.shapes import kv_bytes_per_token
 from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer_params_of, resolve_gpu
 from draftfit.memory.plan import (accounting, attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
                                   model_runner, weights_bytes_per_rank as weights_bytes_per_rank_plan)
@@ -307,9 +308,10 @@ def flops_per_token(spec, context_len: int, tp: int) -> float:
     return (2 * dense + attn + state) / tp
 
 
-def kv_bytes_per_token_per_rank(spec, tp: int) -> float:
-    kv_heads = max(spec.num_kv_heads // tp, 1) if spec.num_kv_heads >= tp else 1
-    return spec.attention_layers * 2 * kv_heads * spec.head_dim * 2  # bf16 KV, linear-attention layers keep none
+def kv_bytes_per_token_per_rank(spec, tp: int, kv_dtype_bytes: int = 2) -> float:
+    """The memory plan's figure (catalog.shapes.kv_bytes_per_token: MLA latent, replicated KV heads), bf16 KV unless
+    `kv_dtype_bytes` says otherwise."""
+    return kv_bytes_per_token(spec, tp, kv_dtype_bytes)
 
 
 def forward_ms(spec, gpu, *, batch: int, tokens_per_seq: int, context_len: int, tp: int = 1) -> float:

@@ -183,7 +183,7 @@ def check_invariants(target: str, draft: str, batch: int, base_step_ms: float, p
 
 def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,), k_values=range(1, 9),
                     context_len: int = 1024, calibration_dir=None, correction=None,
-                    vllm_version: str | None = None) -> SpeedupPrediction:
+                    vllm_version: str | None = None, kv_dtype_bytes: int = 2) -> SpeedupPrediction:
     """Predicted TPOT speedup for each K and batch size, best K per batch, band, verdict and K schedule.
     correction: an optional learned correction (speedup.correction.load_default()), passed in by the caller;
     off by default because cross-validation has not shown it beating the roofline (docs/benchmarks.md)."""
@@ -195,7 +195,8 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         raise DraftfitError("batch sizes must be 1 or more", fix="e.g. --batch 1,8,32")
     acc, alpha, acc_lo, acc_hi, acc_src = _acceptance_parts(acceptance)
     model = step_cost_model(target, draft, gpu, batches=batches, k_values=ks, tp=tp, context_len=context_len,
-                            calibration_dir=calibration_dir, vllm_version=vllm_version)
+                            calibration_dir=calibration_dir, vllm_version=vllm_version,
+                            kv_dtype_bytes=kv_dtype_bytes)
     # The richest table the step costs came from: its measured speedups are shown beside the predictions.
     table = model.tables[0] if model.source.startswith("calibrated") and model.tables else None
     out: dict = {}

@@ -314,12 +314,14 @@ def kv_bytes_per_token_per_rank(spec, tp: int, kv_dtype_bytes: int = 2) -> float
     return kv_bytes_per_token(spec, tp, kv_dtype_bytes)
 
 
-def forward_ms(spec, gpu, *, batch: int, tokens_per_seq: int, context_len: int, tp: int = 1) -> float:
+def forward_ms(spec, gpu, *, batch: int, tokens_per_seq: int, context_len: int, tp: int = 1,
+               kv_dtype_bytes: int = 2) -> float:
     """Roofline time of one forward pass over batch x tokens_per_seq new tokens at this context length. For an
     MoE model the weight bytes follow the experts those tokens cover: a verify of B x (K+1) tokens at batch 1
     reads up to K+1 times the experts of a plain step, at batch 32 of a 128-expert top-8 model about as many."""
     tokens = batch * tokens_per_seq
-    bytes_ = weight_bytes_per_rank(spec, tp, tokens) + batch * context_len * kv_bytes_per_token_per_rank(spec, tp)
+    bytes_ = weight_bytes_per_rank(spec, tp, tokens) \
+        + batch * context_len * kv_bytes_per_token_per_rank(spec, tp, kv_dtype_bytes)
     if spec.linear_attention_layers:
         # Each sequence's recurrent state is read once and written per new token (vLLM keeps one state per
         # speculative position, num_speculative_blocks), whatever the context length.
@@ -401,11 +403,13 @@ def eager_forward_ms(spec, gpu_ms: float) -> float:
 
 
 def plain_step_ms(spec, gpu, *, batch: int, context_len: int, tp: int = 1, overheads: dict | None = None,
+                  kv_dtype_bytes: int = 2,
                   cuda_graphs: bool = True) -> float:
     """A plain decode step of `batch` sequences: the forward pass (eager above CUDAGRAPH_MAX_TOKENS, or everywhere
     with `cuda_graphs` False, vLLM's cudagraph_mode NONE) plus the per-step and per-sequence host overhead."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
-    fwd = forward_ms(spec, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    fwd = forward_ms(spec, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp,
+                     kv_dtype_bytes=kv_dtype_bytes)
     if graph_miss(batch, 0) or not cuda_graphs:
         fwd = eager_forward_ms(spec, fwd)
     return fwd + ov["plain_ms"] + ov["plain_seq_ms"] * batch
@@ -500,12 +504,14 @@ def draft_loop_split(k: int, roofline_ms: float, num_layers: int, layer_ms: floa
     return fixed_ms, host_layers
 
 
-def first_pass_roofline_ms(draft, gpu, *, batch: int, k: int, context_len: int, tp: int) -> float:
+def first_pass_roofline_ms(draft, gpu, *, batch: int, k: int, context_len: int, tp: int,
+                           kv_dtype_bytes: int = 2) -> float:
     """The draft's first pass reads every token the target just verified, B x (K+1), not one per sequence: vLLM's
     proposer runs it over the verify step's target_token_ids (0.26 v1/spec_decode/llm_base_proposer.py
     set_inputs_first_pass: num_tokens = target_token_ids.shape[0]; 0.33's V2 speculator likewise prefills the
     expanded tokens). At batch 128 and K=4 that is 640 tokens: Mistral-7B's pass is then compute-bound."""
-    return forward_ms(draft, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
+    return forward_ms(draft, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp,
+                      kv_dtype_bytes=kv_dtype_bytes)
 
 
 def draft_pass_ms(roofline_ms: float, num_layers: int, layer_ms: float) -> float:
@@ -544,7 +550,7 @@ def head_on_async_runner(target, draft, vllm_version: str | None = None) -> bool
 
 def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
                     overheads: dict | None = None, vllm_version: str | None = None,
-                    loop_factor: float | None = None) -> StepCost:
+                    loop_factor: float | None = None, kv_dtype_bytes: int = 2) -> StepCost:
     """The roofline prior's step costs. `vllm_version` (default: the one `overheads` were fitted for) decides
     which model runner a head drafter runs on (head_on_async_runner); `loop_factor`: loop_layer_ms's."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
@@ -552,8 +558,10 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     layer_ms = loop_layer_ms(target, draft, ov, tp, loop_factor)
     hidden = first_pass_hidden(overheads)
     async_head = head_on_async_runner(target, draft, vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM)
-    base = plain_step_ms(target, gpu, batch=batch, context_len=context_len, tp=tp, overheads=ov)
-    draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    kvb = kv_dtype_bytes  # --kv-cache-dtype: vLLM stores the target's and the draft's KV in it
+    base = plain_step_ms(target, gpu, batch=batch, context_len=context_len, tp=tp, overheads=ov, kv_dtype_bytes=kvb)
+    draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp,
+                            kv_dtype_bytes=kvb)
     if graph_miss(batch, 0):  # the draft's loop passes over B tokens run eagerly too
         draft_roof = eager_forward_ms(draft, draft_roof)
     draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, layer_ms) + batch * ov["draft_seq_ms"]
@@ -564,13 +572,15 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     fixed_ms = ov["plain_ms"] + ov["plain_seq_ms"] * batch if heads_async_scheduling(draft) or no_forward \
         else ov["spec_ms"] + ov["spec_seq_ms"] * batch
     for k in k_values:
-        verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
+        verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp,
+                                 kv_dtype_bytes=kvb)
         # MoE layers' per-token work is GPU time: it counts with the verify's roofline in the regime test
         # (draft_loop_host_and_gpu_ms); the first pass's launches hide under the roofline alone, as the fit sees
         # them (_fit_spec_terms)
         moe_ms = _moe_ms(target, draft, batch=batch, k=k, overheads=ov)
         verify_gpu[k] = verify[k] = verify_roof + moe_ms
-        first[k] = first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp)
+        first[k] = first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp,
+                                          kv_dtype_bytes=kvb)
         verify_host[k] = 0.0
         if graph_miss(batch, k):
             # B x (K+1) tokens above the largest CUDA graph: the verify and the draft's first pass over them run
@@ -805,7 +815,8 @@ def graph_limit_note(target, draft, *, batches, k_values) -> str | None:
 
 
 def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
-                    context_len: int = 1024, calibration_dir=None, vllm_version: str | None = None) -> StepCostModel:
+                    context_len: int = 1024, calibration_dir=None, vllm_version: str | None = None,
+                    kv_dtype_bytes: int = 2) -> StepCostModel:
     """Step costs per batch: the layout's calibration tables of `vllm_version`'s modelled version (0.26 when None),
     else the roofline prior with that version's fitted overheads. A version with no tables at all, or a drafting
     method its tables do not measure, gets 0.26's tables or overheads with the band widened."""
@@ -834,6 +845,7 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
                                   overheads=ov) if table else None
         if sc is None:
             sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov,
+                                 kv_dtype_bytes=kv_dtype_bytes,
                                  vllm_version=runner_version)
         per_batch[b] = sc
     sources = {sc.source for sc in per_batch.values()}

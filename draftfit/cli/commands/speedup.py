@@ -149,7 +149,8 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
                           + f", T={temperature:g}, band {est.low:.2f}-{est.high:.2f}; {est.citation}")
         correction = load_default() if learned_correction else None
         pred = predict_speedup(t_spec, d_spec, gpu, tp=tp, acceptance=acceptance, batches=batches,
-                               k_values=ks, context_len=context_len, correction=correction, vllm_version=modelled)
+                               k_values=ks, context_len=context_len, correction=correction, vllm_version=modelled,
+                               kv_dtype_bytes=1 if kv_cache_dtype.startswith("fp8") else 2)
         if learned_correction and correction is None:
             pred.notes.append("learned correction not applied: none is trained for this scikit-learn, or its "
                               "leave-one-configuration-out error does not beat the roofline's "

@@ -277,6 +277,7 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("speedup-prior", prior_mode + ["--alpha", "0.7"], "--workload", ["code"])
     b.add("speedup-plot-is-dir", [*cf, "--plot", "{tmp}/store-dir"], files=("store-dir",))
     b.add("speedup-plot-missing-dir", [*cf, "--plot", "{tmp}/path-nonexistent/p.png"], files=("path-nonexistent",))
+    b.add("speedup-explain-closed-form", [*cf, "--explain"])  # no step terms without --target/--draft/--gpu
 
     # ------------------------------------------------------------------ calibrate (heavy guarded)
     cal = ["calibrate", M_T, M_D]

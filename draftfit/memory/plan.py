@@ -41,6 +41,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from draftfit.catalog.shapes import kv_bytes_per_token, kv_heads_per_rank  # noqa: F401 (moved; callers import here)
 from draftfit.errors import DraftfitError
 from draftfit.assets.models import is_ready, model_dir
 from draftfit.catalog.specs import (GpuSpec, layer_kinds, linear_layer_params_of, mtp_drafter, resolve_gpu,
@@ -283,21 +284,6 @@ def check_tp(spec, tp: int, role: str = "target") -> None:
     if kv_heads < tp and tp % kv_heads:
         raise DraftfitError(f"{role} {spec.name} has {kv_heads} KV heads; TP={tp} is not a multiple of it",
                             fix="use a TP that is a multiple or a divisor of the KV heads")
-
-
-def kv_heads_per_rank(spec, tp: int) -> int:
-    # QKVParallelLinear: with fewer KV heads than ranks, each rank holds one replicated KV head.
-    return max(1, spec.num_kv_heads // tp)
-
-
-def kv_bytes_per_token(spec, tp: int, kv_dtype_bytes: int) -> int:
-    if _spec_get(spec, "kv_lora_rank", 0):
-        # MLA (vLLM MLAAttentionSpec): one latent of kv_lora_rank + qk_rope_head_dim per token and layer, no
-        # separate V, replicated on every TP rank.
-        return spec.num_layers * (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_dtype_bytes
-    # Linear-attention (gated-DeltaNet) layers keep a state per sequence, not KV per token (linear_state_bytes).
-    layers = _spec_get(spec, "attention_layers", spec.num_layers)
-    return layers * 2 * kv_heads_per_rank(spec, tp) * spec.head_dim * kv_dtype_bytes
 
 
 def linear_state_bytes(spec, tp: int, act_bytes: int, num_speculative_tokens: int = 0) -> int:

@@ -158,9 +158,32 @@ def k_schedule(best_by_batch: dict) -> list | None:
     return [tuple(r) for r in merged]
 
 
+def check_invariants(target: str, draft: str, batch: int, base_step_ms: float, per_k: dict) -> None:
+    """The physics every prediction must obey, checked before a number is printed: a speculative step costs at
+    least a plain step (it verifies at least the plain step's tokens), so the speedup never exceeds the expected
+    tokens per step; the band is finite and contains the point estimate. A violation is a bug in the step-cost
+    model for this pair, reported as an error naming it, never a printed number."""
+    for k, r in per_k.items():
+        where = f"{target} + {draft} at batch {batch}, K={k}"
+        vals = (base_step_ms, r["spec_step_ms"], r["speedup"], r["low"], r["high"])
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals):
+            raise DraftfitError(f"step-cost model gave a non-finite value for {where}: {vals}",
+                                fix="report it: the step-cost model is wrong for this pair")
+        if r["spec_step_ms"] < base_step_ms * (1 - 1e-9):
+            raise DraftfitError(f"step-cost model priced a speculative step ({r['spec_step_ms']:.2f} ms) under a plain "
+                                f"step ({base_step_ms:.2f} ms) for {where}",
+                                fix="report it: the step-cost model is wrong for this pair")
+        if r["speedup"] > r["expected_tokens_per_step"] * (1 + 1e-9):
+            raise DraftfitError(f"speedup {r['speedup']:.2f}x exceeds the {r['expected_tokens_per_step']:.2f} expected "
+                                f"tokens per step for {where}", fix="report it: the step-cost model is wrong here")
+        if not r["low"] - 1e-9 <= r["speedup"] <= r["high"] + 1e-9:
+            raise DraftfitError(f"band [{r['low']:.2f}-{r['high']:.2f}] misses its point {r['speedup']:.2f}x for "
+                                f"{where}", fix="report it: the step-cost model is wrong for this pair")
+
+
 def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,), k_values=range(1, 9),
                     context_len: int = 1024, calibration_dir=None, correction=None,
-                    vllm_version: str | None = None) -> SpeedupPrediction:
+                    vllm_version: str | None = None, kv_dtype_bytes: int = 2) -> SpeedupPrediction:
     """Predicted TPOT speedup for each K and batch size, best K per batch, band, verdict and K schedule.
     correction: an optional learned correction (speedup.correction.load_default()), passed in by the caller;
     off by default because cross-validation has not shown it beating the roofline (docs/benchmarks.md)."""
@@ -172,7 +195,8 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         raise DraftfitError("batch sizes must be 1 or more", fix="e.g. --batch 1,8,32")
     acc, alpha, acc_lo, acc_hi, acc_src = _acceptance_parts(acceptance)
     model = step_cost_model(target, draft, gpu, batches=batches, k_values=ks, tp=tp, context_len=context_len,
-                            calibration_dir=calibration_dir, vllm_version=vllm_version)
+                            calibration_dir=calibration_dir, vllm_version=vllm_version,
+                            kv_dtype_bytes=kv_dtype_bytes)
     # The richest table the step costs came from: its measured speedups are shown beside the predictions.
     table = model.tables[0] if model.source.startswith("calibrated") and model.tables else None
     out: dict = {}
@@ -186,6 +210,9 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
             per_k[k] = {"speedup": e * ratio, "low": e_lo * ratio * (1 - band),
                         "high": e_hi * ratio * (1 + band), "expected_tokens_per_step": e,
                         "spec_step_ms": sc.spec_step_ms[k], "tpot_ms": sc.spec_step_ms[k] / e}
+            if sc.terms.get(k):  # the step as a named sum with each term's source (roofline prior)
+                per_k[k]["terms"] = sc.terms[k]
+        check_invariants(model.target, model.draft, b, sc.base_step_ms, per_k)
         best = best_k({k: per_k[k]["speedup"] for k in ks})
         best_s = per_k[best]["speedup"]
         speculate = best_s >= NO_SPECULATION_BELOW

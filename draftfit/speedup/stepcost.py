@@ -37,6 +37,7 @@ from draftfit.calibration import drain as _drain_module, tables as _tables_modul
 from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, PooledSteps, find_tables, load_tables,
                                          model_spec as resolve, table_vllm, tables_of_version)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
+from draftfit.catalog.shapes import kv_bytes_per_token
 from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer_params_of, resolve_gpu
 from draftfit.memory.plan import (accounting, attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
                                   model_runner, weights_bytes_per_rank as weights_bytes_per_rank_plan)
@@ -307,17 +308,20 @@ def flops_per_token(spec, context_len: int, tp: int) -> float:
     return (2 * dense + attn + state) / tp
 
 
-def kv_bytes_per_token_per_rank(spec, tp: int) -> float:
-    kv_heads = max(spec.num_kv_heads // tp, 1) if spec.num_kv_heads >= tp else 1
-    return spec.attention_layers * 2 * kv_heads * spec.head_dim * 2  # bf16 KV, linear-attention layers keep none
+def kv_bytes_per_token_per_rank(spec, tp: int, kv_dtype_bytes: int = 2) -> float:
+    """The memory plan's figure (catalog.shapes.kv_bytes_per_token: MLA latent, replicated KV heads), bf16 KV unless
+    `kv_dtype_bytes` says otherwise."""
+    return kv_bytes_per_token(spec, tp, kv_dtype_bytes)
 
 
-def forward_ms(spec, gpu, *, batch: int, tokens_per_seq: int, context_len: int, tp: int = 1) -> float:
+def forward_ms(spec, gpu, *, batch: int, tokens_per_seq: int, context_len: int, tp: int = 1,
+               kv_dtype_bytes: int = 2) -> float:
     """Roofline time of one forward pass over batch x tokens_per_seq new tokens at this context length. For an
     MoE model the weight bytes follow the experts those tokens cover: a verify of B x (K+1) tokens at batch 1
     reads up to K+1 times the experts of a plain step, at batch 32 of a 128-expert top-8 model about as many."""
     tokens = batch * tokens_per_seq
-    bytes_ = weight_bytes_per_rank(spec, tp, tokens) + batch * context_len * kv_bytes_per_token_per_rank(spec, tp)
+    bytes_ = weight_bytes_per_rank(spec, tp, tokens) \
+        + batch * context_len * kv_bytes_per_token_per_rank(spec, tp, kv_dtype_bytes)
     if spec.linear_attention_layers:
         # Each sequence's recurrent state is read once and written per new token (vLLM keeps one state per
         # speculative position, num_speculative_blocks), whatever the context length.
@@ -345,6 +349,9 @@ class StepCost:
     draft_first_ms: dict = field(default_factory=dict)  # K -> the draft's first pass (prior only; eager_forward_ms)
     verify_gpu_ms: dict = field(default_factory=dict)  # K -> the verify's GPU work: roofline + MoE per-token work
     verify_host_ms: dict = field(default_factory=dict)  # K -> the verify's eager launch time, 0 when graphed
+    # K -> the speculative step as a named sum {term: {"ms", "source"}} whose ms add up to spec_step_ms[K] (prior
+    # only; a calibrated step is one measured number)
+    terms: dict = field(default_factory=dict)
 
     def band(self, k: int) -> float:
         return self.uncertainty_by_k.get(k, self.uncertainty)
@@ -396,11 +403,13 @@ def eager_forward_ms(spec, gpu_ms: float) -> float:
 
 
 def plain_step_ms(spec, gpu, *, batch: int, context_len: int, tp: int = 1, overheads: dict | None = None,
+                  kv_dtype_bytes: int = 2,
                   cuda_graphs: bool = True) -> float:
     """A plain decode step of `batch` sequences: the forward pass (eager above CUDAGRAPH_MAX_TOKENS, or everywhere
     with `cuda_graphs` False, vLLM's cudagraph_mode NONE) plus the per-step and per-sequence host overhead."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
-    fwd = forward_ms(spec, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    fwd = forward_ms(spec, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp,
+                     kv_dtype_bytes=kv_dtype_bytes)
     if graph_miss(batch, 0) or not cuda_graphs:
         fwd = eager_forward_ms(spec, fwd)
     return fwd + ov["plain_ms"] + ov["plain_seq_ms"] * batch
@@ -495,17 +504,24 @@ def draft_loop_split(k: int, roofline_ms: float, num_layers: int, layer_ms: floa
     return fixed_ms, host_layers
 
 
-def first_pass_roofline_ms(draft, gpu, *, batch: int, k: int, context_len: int, tp: int) -> float:
+def first_pass_roofline_ms(draft, gpu, *, batch: int, k: int, context_len: int, tp: int,
+                           kv_dtype_bytes: int = 2) -> float:
     """The draft's first pass reads every token the target just verified, B x (K+1), not one per sequence: vLLM's
     proposer runs it over the verify step's target_token_ids (0.26 v1/spec_decode/llm_base_proposer.py
     set_inputs_first_pass: num_tokens = target_token_ids.shape[0]; 0.33's V2 speculator likewise prefills the
     expanded tokens). At batch 128 and K=4 that is 640 tokens: Mistral-7B's pass is then compute-bound."""
-    return forward_ms(draft, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
+    return forward_ms(draft, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp,
+                      kv_dtype_bytes=kv_dtype_bytes)
 
 
 def draft_pass_ms(roofline_ms: float, num_layers: int, layer_ms: float) -> float:
     """One draft forward pass: the GPU's roofline time or the host's launch time, whichever is longer."""
     return max(roofline_ms, num_layers * layer_ms)
+
+
+# Drafting methods that run no draft forward pass (catalog.specs.method_drafter: no model): their proposal is a host
+# lookup, priced by prior_step_cost without any draft pass or the draft_model tables' fitted fixed cost.
+NO_FORWARD_METHODS = ("ngram", "suffix")
 
 
 def heads_async_scheduling(draft) -> bool:
@@ -534,7 +550,7 @@ def head_on_async_runner(target, draft, vllm_version: str | None = None) -> bool
 
 def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
                     overheads: dict | None = None, vllm_version: str | None = None,
-                    loop_factor: float | None = None) -> StepCost:
+                    loop_factor: float | None = None, kv_dtype_bytes: int = 2) -> StepCost:
     """The roofline prior's step costs. `vllm_version` (default: the one `overheads` were fitted for) decides
     which model runner a head drafter runs on (head_on_async_runner); `loop_factor`: loop_layer_ms's."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
@@ -542,24 +558,29 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     layer_ms = loop_layer_ms(target, draft, ov, tp, loop_factor)
     hidden = first_pass_hidden(overheads)
     async_head = head_on_async_runner(target, draft, vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM)
-    base = plain_step_ms(target, gpu, batch=batch, context_len=context_len, tp=tp, overheads=ov)
-    draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp)
+    kvb = kv_dtype_bytes  # --kv-cache-dtype: vLLM stores the target's and the draft's KV in it
+    base = plain_step_ms(target, gpu, batch=batch, context_len=context_len, tp=tp, overheads=ov, kv_dtype_bytes=kvb)
+    draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp,
+                            kv_dtype_bytes=kvb)
     if graph_miss(batch, 0):  # the draft's loop passes over B tokens run eagerly too
         draft_roof = eager_forward_ms(draft, draft_roof)
     draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, layer_ms) + batch * ov["draft_seq_ms"]
-    spec, verify, band, first, verify_gpu, verify_host = {}, {}, {}, {}, {}, {}
+    spec, verify, band, first, verify_gpu, verify_host, terms = {}, {}, {}, {}, {}, {}, {}
     # A speculative step's host overhead beyond its passes: a plain step's where vLLM keeps async scheduling on
     # (heads_async_scheduling), else what the draft_model tables fitted (their steps run without it).
-    fixed_ms = ov["plain_ms"] + ov["plain_seq_ms"] * batch if heads_async_scheduling(draft) \
+    no_forward = getattr(draft, "method", "") in NO_FORWARD_METHODS
+    fixed_ms = ov["plain_ms"] + ov["plain_seq_ms"] * batch if heads_async_scheduling(draft) or no_forward \
         else ov["spec_ms"] + ov["spec_seq_ms"] * batch
     for k in k_values:
-        verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp)
+        verify_roof = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp,
+                                 kv_dtype_bytes=kvb)
         # MoE layers' per-token work is GPU time: it counts with the verify's roofline in the regime test
         # (draft_loop_host_and_gpu_ms); the first pass's launches hide under the roofline alone, as the fit sees
         # them (_fit_spec_terms)
         moe_ms = _moe_ms(target, draft, batch=batch, k=k, overheads=ov)
         verify_gpu[k] = verify[k] = verify_roof + moe_ms
-        first[k] = first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp)
+        first[k] = first_pass_roofline_ms(draft, gpu, batch=batch, k=k, context_len=context_len, tp=tp,
+                                          kv_dtype_bytes=kvb)
         verify_host[k] = 0.0
         if graph_miss(batch, k):
             # B x (K+1) tokens above the largest CUDA graph: the verify and the draft's first pass over them run
@@ -568,7 +589,13 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
             verify_host[k] = eager_host_ms(target)
             verify[k] = eager_forward_ms(target, verify[k])
             first[k] = eager_forward_ms(draft, first[k])
-        if async_head:
+        if no_forward:
+            # n-gram / suffix: no draft forward at all (vLLM's proposer looks the K tokens up per request on the host,
+            # v1/spec_decode/ngram_proposer.py propose(): one lookup per sequence, not K passes), so the step is the
+            # verify plus a plain step's host overhead and one lookup per sequence; it carries none of the
+            # draft_model tables' fitted fixed cost (spec_ms, spec_seq_ms), which is a draft model's proposer's
+            spec[k] = verify[k] + fixed_ms + batch * ov["draft_seq_ms"]
+        elif async_head:
             # The head's K passes on the GPU one after another (the first over the B x (K+1) verified tokens), each
             # at most its launch time, and the host overhead of a plain step (head_on_async_runner): no fitted term.
             spec[k] = verify[k] + first[k] + (k - 1) * draft_pass_ms(draft_roof, draft.num_layers,
@@ -577,6 +604,8 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
             spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, layer_ms, hidden,
                                                   first[k], verify_roof) \
                 + k * batch * ov["draft_seq_ms"] + fixed_ms
+        terms[k] = _step_terms(spec[k], verify[k], verify_host[k], fixed_ms, moe_ms, batch=batch, k=k, ov=ov,
+                               no_forward=no_forward, async_head=async_head)
         host_ms, gpu_ms = draft_loop_host_and_gpu_ms(target, draft, gpu, batch=batch, k=k, tp=tp,
                                                      context_len=context_len, overheads=ov, loop_factor=loop_factor)
         band[k] = PRIOR_UNCERTAINTY_HOST_BOUND if host_ms > gpu_ms else PRIOR_UNCERTAINTY_GPU_BOUND
@@ -586,7 +615,38 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
                     c=draft_fwd / base, spec_overhead_ms=spec_overhead,
                     source="roofline prior", uncertainty=max(band.values(), default=PRIOR_UNCERTAINTY_GPU_BOUND),
                     verify_ms=verify, uncertainty_by_k=band, draft_first_ms=first, verify_gpu_ms=verify_gpu,
-                    verify_host_ms=verify_host)
+                    verify_host_ms=verify_host, terms=terms)
+
+
+def _step_terms(spec_ms: float, verify_ms: float, verify_host_ms: float, fixed_ms: float, moe_ms: float, *,
+                batch: int, k: int, ov: dict, no_forward: bool, async_head: bool) -> dict:
+    """prior_step_cost's speculative step as a named sum, each term tagged with its source; the terms add up to the
+    step. `ov` says which vLLM tables the fitted terms were fitted on."""
+    fit = f"fitted on vLLM {ov.get('vllm_version') or DEFAULT_TABLE_VLLM} draft_model tables"
+    seq_ms = batch * ov["draft_seq_ms"] * (1 if no_forward else k)
+    out = {"verify": {"ms": verify_ms - moe_ms if verify_host_ms <= verify_ms - moe_ms else verify_ms,
+                      "source": "roofline (target weights + KV over bandwidth, FLOPs); eager launch where the "
+                                "step misses the CUDA graphs: measured (EAGER_HOST_LAYER_MS)"}}
+    if moe_ms and verify_host_ms <= verify_ms - moe_ms:
+        out["moe_per_token"] = {"ms": moe_ms, "source": f"{fit} (MoE tables, moe_token_layer_ms)"}
+    heads_or_none = async_head or no_forward or fixed_ms == ov["plain_ms"] + ov["plain_seq_ms"] * batch
+    if no_forward:  # not measured: no n-gram table exists (issue 37 item 2, the H200 part, is open)
+        src = ("a plain step's host overhead, fitted on the tables' baselines (plain_ms, plain_seq_ms); no draft "
+               "proposer state (vLLM source: ngram_proposer.py); a floor where vLLM turns async scheduling off for "
+               "the CPU proposer (heads_async_scheduling)")
+    elif heads_or_none:
+        src = ("a plain step's host overhead, fitted on the tables' baselines (plain_ms, plain_seq_ms); vLLM source: "
+               "async scheduling stays on for EAGLE/MTP heads (heads_async_scheduling)")
+    else:
+        src = f"{fit} (spec_ms, spec_seq_ms)"
+    out["fixed_host"] = {"ms": fixed_ms, "source": src}
+    out["draft_lookup_per_seq" if no_forward else "draft_per_seq"] = {
+        "ms": seq_ms, "source": f"{fit} (draft_seq_ms)"}
+    passes = spec_ms - sum(t["ms"] for t in out.values())
+    if not no_forward:
+        out["draft_passes"] = {"ms": passes, "source": "roofline per pass, or the host launch per draft layer "
+                                                       f"{fit} (draft_layer_ms), whichever is longer"}
+    return out
 
 
 def _interp_log_batch(points: dict, batch: int) -> float | None:
@@ -652,11 +712,25 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
         # a plain step, so the line's intercept is floored there; where the first pass hides it may lie below.
         floor = None if first_pass_hidden(overheads) else base
         a, b = _linear_fit(sorted(measured), [measured[k] for k in sorted(measured)], floor=floor)
+        band = table.step_band
         # With 3+ K the line replaces the measured points too: each K adds one draft pass and one verified
         # token, and on the H200 tables the line through one engine start's K predicts another start's
         # steps better than its raw per-K values (mean error 15.2 % against 17.9 %, 128 points; docs/benchmarks.md).
+        # The line is drawn only through the K on the same side of vLLM's CUDA-graph limit as the K asked for
+        # (graph_miss): past it the verify runs eagerly and the steps jump, and one line across the jump bends to
+        # it (Qwen3-30B-A3B + Qwen3-0.6B at batch 128: K 4-6 eager at 91-187 ms pulled K=1 to 8.5 ms, under the
+        # 18.5 ms plain step, where 32.5 ms was measured).
         for k in k_values:
-            spec[k] = (a + b * k if len(measured) >= 3 or k not in measured else measured[k]) * scale
+            same = sorted(kk for kk in measured if graph_miss(anchor, kk) == graph_miss(anchor, k))
+            if len(same) >= 3 and len(same) < len(measured):
+                a_k, b_k = _linear_fit(same, [measured[kk] for kk in same], floor=floor)
+            else:
+                a_k, b_k = a, b
+            line = a_k + b_k * k
+            if k in measured:
+                # A measured point is never contradicted: the line stays within that point's band.
+                line = min(max(line, measured[k] * (1 - band)), measured[k] * (1 + band))
+            spec[k] = (line if len(same) >= 3 or k not in measured else measured[k]) * scale
     else:  # one K measured: the prior's step costs over K, scaled to pass through the measured one
         (k0, m0), = measured.items()
         pr = prior_step_cost(target, draft, gpu, batch=anchor, k_values=sorted({k0, k0 + 1, *k_values}), tp=tp,
@@ -667,6 +741,8 @@ def calibrated_step_cost(table, target, draft, gpu, *, batch: int, k_values, tp:
         b = (pr.spec_step_ms[k0 + 1] - pr.spec_step_ms[k0]) * f
         a = m0 - b * k0
     base *= scale
+    # A speculative step verifies at least the plain step's tokens: it never costs less than a plain step.
+    spec = {k: max(v, base) for k, v in spec.items()}
     # b: cost of one more drafted token (a draft pass plus the verify's extra token); a - base: the fixed
     # extra cost of a speculative step over a plain one.
     unc = table.step_band * (1 if anchor == batch else 2)
@@ -746,7 +822,8 @@ def graph_limit_note(target, draft, *, batches, k_values) -> str | None:
 
 
 def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
-                    context_len: int = 1024, calibration_dir=None, vllm_version: str | None = None) -> StepCostModel:
+                    context_len: int = 1024, calibration_dir=None, vllm_version: str | None = None,
+                    kv_dtype_bytes: int = 2) -> StepCostModel:
     """Step costs per batch: the layout's calibration tables of `vllm_version`'s modelled version (0.26 when None),
     else the roofline prior with that version's fitted overheads. A version with no tables at all, or a drafting
     method its tables do not measure, gets 0.26's tables or overheads with the band widened."""
@@ -775,6 +852,7 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
                                   overheads=ov) if table else None
         if sc is None:
             sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov,
+                                 kv_dtype_bytes=kv_dtype_bytes,
                                  vllm_version=runner_version)
         per_batch[b] = sc
     sources = {sc.source for sc in per_batch.values()}

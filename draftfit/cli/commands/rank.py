@@ -172,6 +172,11 @@ def _explain(result, name: str, as_json: bool) -> None:
     if hit.per_k:
         lines.append(f"  per K at batch {result.batches[0]}: " + ", ".join(
             f"K={k}: {fmt_num(v.get('speedup'))}x" for k, v in sorted(hit.per_k.items())))
+        for k, v in sorted(hit.per_k.items()):  # the speculative step as its named sum, each term's source
+            if v.get("terms"):
+                lines.append(f"  step at K={k}, batch {result.batches[0]}: {fmt_num(v.get('spec_step_ms'))} ms = "
+                             + " + ".join(f"{n} {t['ms']:.2f}" for n, t in v["terms"].items()))
+                lines += [f"    {n}: [{t['source']}]" for n, t in v["terms"].items()] if k == min(hit.per_k) else []
     lines += [f"  note: {n}" for n in hit.speedup_notes]
     lines.append(f"verdict: {hit.decision} — {hit.reason}")
     click.echo("\n".join(lines))

@@ -63,9 +63,11 @@ def _acceptance_from_run(run_id: int):
               help="Prediction mode without a given acceptance: the acceptance prior's sampling temperature "
                    "(default 0).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of speedup vs K.")
+@click.option("--explain", is_flag=True,
+              help="Print each speculative step as a named sum of terms with their sources (roofline prior).")
 @json_option
 def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_text, context_len, quantization,
-            kv_cache_dtype, learned_correction, vllm_version, workload, temperature, plot_path, as_json):
+            kv_cache_dtype, learned_correction, vllm_version, workload, temperature, plot_path, explain, as_json):
     """Expected speedup for a K, acceptance and step cost (Leviathan et al. 2023), or, with --target,
     --draft and --gpu, the predicted TPOT speedup per K and batch size from calibrated or roofline step costs.
 
@@ -147,7 +149,8 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
                           + f", T={temperature:g}, band {est.low:.2f}-{est.high:.2f}; {est.citation}")
         correction = load_default() if learned_correction else None
         pred = predict_speedup(t_spec, d_spec, gpu, tp=tp, acceptance=acceptance, batches=batches,
-                               k_values=ks, context_len=context_len, correction=correction, vllm_version=modelled)
+                               k_values=ks, context_len=context_len, correction=correction, vllm_version=modelled,
+                               kv_dtype_bytes=1 if kv_cache_dtype.startswith("fp8") else 2)
         if learned_correction and correction is None:
             pred.notes.append("learned correction not applied: none is trained for this scikit-learn, or its "
                               "leave-one-configuration-out error does not beat the roofline's "
@@ -161,6 +164,8 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
             emit_json(pred)
             return
         _render_prediction(pred, console())
+        if explain:
+            _render_terms(pred)
         if plot_path:
             click.echo(f"plot: {plot_path}")
         return
@@ -174,6 +179,9 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         raise DraftfitError("closed-form mode takes one K", fix="e.g. --k 4")
     if plot_path:
         raise DraftfitError("--plot needs --target, --draft and --gpu", fix="drop --plot")
+    if explain:
+        raise DraftfitError("--explain needs --target, --draft and --gpu (the closed form has no step terms)",
+                            fix="drop --explain")
     res = simple_speedup(k=k[0], c=c, alpha=alpha, curve=curve)
     if as_json:
         out = dict(vars(res))
@@ -185,6 +193,22 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
               f"K = {res.k}, c = {res.c}; acceptance {acc_source})")
     con.print(f"best K for this acceptance and c: {res.best_k} ({res.per_k[res.best_k]:.3f}x)")
     con.print(f"[dim]source: {res.source}[/dim]")
+
+
+def _render_terms(pred) -> None:
+    """--explain: each speculative step as the named sum the step-cost model built, term by term with its source."""
+    for b, bp in pred.batches.items():
+        for k, r in sorted(bp.per_k.items()):
+            terms = r.get("terms")
+            if not terms:
+                click.echo(f"batch {b} K={k}: {r['spec_step_ms']:.2f} ms, one measured step ({bp.source}); "
+                           f"plain step {bp.base_step_ms:.2f} ms")
+                continue
+            click.echo(f"batch {b} K={k}: {r['spec_step_ms']:.2f} ms = "
+                       + " + ".join(f"{n} {t['ms']:.2f}" for n, t in terms.items())
+                       + f"; plain step {bp.base_step_ms:.2f} ms")
+            for n, t in terms.items():
+                click.echo(f"    {n:22s} {t['ms']:8.2f} ms  [{t['source']}]")
 
 
 def _render_prediction(pred, con) -> None:

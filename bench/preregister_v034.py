@@ -3,7 +3,8 @@
 any of them ran, and their score once the raw files are home.
 
     .venv/bin/python bench/preregister_v034.py --write          # once, before the lease (never rewritten)
-    .venv/bin/python bench/preregister_v034.py --score RAW...   # after: the campaign files of M034/S034
+    .venv/bin/python bench/preregister_v034.py --score RAW...   # after: the lane files of M034/S034 (writes the
+                                                                # docs/benchmarks.md section vllm034-preregistered)
 
 Memory: memory.plan.predict_record on the record bench/memory.py will write for each engine (vLLM 0.34 rules:
 extensible KV sizing, block 64, util unset -> 1.0), KV tokens with band; goal: within 1 % of `GPU KV cache size`.
@@ -150,13 +151,94 @@ def write() -> int:
     return 0
 
 
+def score_memory(raw_paths: list[Path]) -> tuple[list, list]:
+    """Each engine's `GPU KV cache size` (bench.memory.record_from_engine on the lane files) against the committed
+    prediction of its id: rows and relative errors. Engines not pre-registered are left out."""
+    from bench.memory import record_from_engine
+
+    committed = {p["id"]: p for p in json.loads(MEMORY_OUT.read_text())["predictions"]}
+    rows, errors = [], []
+    for path in raw_paths:
+        for entry in json.loads(Path(path).read_text()).get("configs", []):
+            pk = committed.get(entry.get("id"))
+            rec = record_from_engine(entry, Path(path).name) if pk else None
+            if rec is None:
+                continue
+            err = pk["kv_tokens"] / rec["kv_tokens"] - 1
+            lo, hi = pk["kv_tokens_band"]
+            errors.append(err)
+            rows.append([entry["id"], f"{pk['kv_tokens']:,} [{lo:,}-{hi:,}]", f"{rec['kv_tokens']:,}", f"{err:+.2%}",
+                         "yes" if lo <= rec["kv_tokens"] <= hi else "no"])
+    return rows, errors
+
+
+def score_steps(raw_paths: list[Path]) -> tuple[list, list]:
+    """The committed speedups and step times against the tables the S034 lane files make (calibration.tables
+    tables_from_results): rows and relative speedup errors (n-gram: step-time errors, its acceptance not imposed)."""
+    from draftfit.calibration.tables import engine_results_from_campaign, tables_from_results
+
+    results = []
+    for path in raw_paths:
+        results += engine_results_from_campaign(Path(path))
+    tables = {(t.target, t.draft): t for t in tables_from_results(results)}
+    rows, errors = [], []
+    for pred in json.loads(STEP_OUT.read_text())["predictions"]:
+        table = tables.get((pred["target"], pred["draft"]))
+        if table is None:
+            continue
+        for b, row in pred["batches"].items():
+            for k, pk in row["per_k"].items():
+                measured, step = table.speedup(int(k), int(b)), table.spec_step_ms(int(k), int(b))
+                if measured is None or step is None:
+                    continue
+                err = (pk["spec_step_ms"] / step - 1) if pred["method"] == "ngram" else (pk["speedup"] / measured - 1)
+                errors.append(err)
+                rows.append([f"{pred['target']} + {pred['draft']}", b, k,
+                             f"{pk['speedup']:.2f} [{pk['low']:.2f}-{pk['high']:.2f}]", f"{measured:.2f}",
+                             f"{pk['spec_step_ms']:.1f} / {step:.1f}", f"{err:+.0%}"])
+    return rows, errors
+
+
+def score(raw_paths: list[Path]) -> str:
+    from bench._readme import markdown_table
+
+    mem_rows, mem_err = score_memory(raw_paths)
+    step_rows, step_err = score_steps(raw_paths)
+    created = json.loads(MEMORY_OUT.read_text())["created_utc"]
+    text = (f"vLLM 0.34.0 on one H200, scored against the predictions committed in "
+            f"`{MEMORY_OUT.relative_to(ROOT)}` and `{STEP_OUT.relative_to(ROOT)}` ({created} UTC, `{COMMAND}`). "
+            f"KV tokens: {sum(abs(e) <= 0.01 for e in mem_err)} of {len(mem_err)} engines within 1 %"
+            + (f", mean abs error {sum(map(abs, mem_err)) / len(mem_err):.2%}" if mem_err else "")
+            + f". Speedup (n-gram: step time): {sum(abs(e) <= 0.15 for e in step_err)} of {len(step_err)} points "
+            f"within 15 %" + (f", mean abs error {sum(map(abs, step_err)) / len(step_err):.0%}" if step_err else "")
+            + ". Nothing was fitted on these engines.\n\n"
+            + markdown_table(["engine", "predicted KV tokens [band]", "vLLM", "error", "in band"], mem_rows)
+            + ("\n\n" + markdown_table(["pair", "batch", "K", "predicted speedup [band]", "measured",
+                                          "spec step ms predicted / measured", "error"], step_rows)
+               if step_rows else ""))
+    return text
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="write both prediction files (never over existing ones)")
     ap.add_argument("--show", action="store_true", help="print the predictions without writing")
+    ap.add_argument("--score", nargs="+", type=Path, metavar="RAW", help="score against M034/S034 lane files")
+    ap.add_argument("--no-readme", action="store_true", help="with --score: print only")
     args = ap.parse_args(argv)
     if args.write:
         return write()
+    if args.score:
+        missing = [p for p in args.score if not p.is_file()]
+        if missing:
+            ap.error(f"{missing[0]} is not a file: pass the M034_*/S034_* lane files (data/calibration/raw/...)")
+        text = score(args.score)
+        print(text)
+        if not args.no_readme:
+            from bench._readme import write_section
+            write_section("vllm034-preregistered", text, command=".venv/bin/python bench/preregister_v034.py --score "
+                          + " ".join(str(p) for p in args.score))
+        return 0
     if args.show:
         for p in (predict_memory(s) for s in engines()):
             print(f"{p['id']:58s} {p['kv_tokens']:>9,} [{p['kv_tokens_band'][0]:,}, {p['kv_tokens_band'][1]:,}]")

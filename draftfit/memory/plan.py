@@ -48,7 +48,7 @@ from draftfit.catalog.specs import (GpuSpec, layer_kinds, linear_layer_params_of
 from draftfit.errors import require
 from draftfit.locks import heavy_lock
 from draftfit.paths import DATA_DIR
-from draftfit.vllm_version import modelled_version, resolve_vllm_version
+from draftfit.vllm_version import modelled_version, parse_version, resolve_vllm_version
 
 GIB = 1024**3
 MIB = 1024**2
@@ -1399,6 +1399,17 @@ _LOG_PATTERNS = {
     "graph_capture_gib": re.compile(r"Graph capturing finished in " + _NUM + r" secs, took " + _NUM + r" GiB"),
     "vllm_version": re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)"),
     "v2_runner": re.compile(r"Using V2 Model Runner"),
+    # 0.34 v1/worker/extensible_kv_cache.py measure_kv_cache_blocks (the measured sizing: every term of kv_budget)
+    "memory_after_warmup": re.compile(
+        r"Memory after warmup: " + _NUM + r" GiB free, " + _NUM + r" GiB committed to the KV cache, " + _NUM +
+        r" GiB kept for transient activations \(" + _NUM + r" GiB allocated at peak, " + _NUM +
+        r" GiB of torch reservation growth\); " + _NUM + r" KV cache blocks \(" + _NUM +
+        r" GiB\) fit within the requested " + _NUM + r" GiB"),
+    # 0.34 extend_kv_cache: the final committed size ("Available KV cache memory" is then only the reservation)
+    "extended_kv": re.compile(r"Extended KV cache to " + _NUM + r" blocks \(" + _NUM + r" GiB\)"),
+    # 0.34: an explicit util in (0.7, 1) that withholds >= 1 GiB
+    "util_caps": re.compile(r"gpu_memory_utilization=" + _NUM + r" caps this instance at " + _NUM +
+                            r" GiB, keeping " + _NUM + r" GiB"),
     "cpu_kv_explicit": re.compile(r"Explicitly set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache"),
     # Hybrid (linear-attention) layouts: platforms/interface.py _align_hybrid_block_size, kv_cache_utils.py.
     "attention_block_size": re.compile(r"Setting attention block size to " + _NUM + r" tokens"),
@@ -1462,12 +1473,25 @@ def parse_vllm_memory_log(text: str) -> dict:
                 out["vllm_version"] = m.group(1)
             elif key == "v2_runner":
                 out["model_runner"] = "v2"
+            elif key == "memory_after_warmup":
+                g = [_f(x) for x in m.groups()]
+                out["memory_after_warmup"] = {
+                    "free_gib": g[0], "committed_gib": g[1], "reserve_gib": g[2], "transient_peak_gib": g[3],
+                    "torch_reserve_growth_gib": g[4], "kv_blocks": int(g[5]), "kv_gib": g[6], "requested_gib": g[7]}
+                out["requested_gib"] = g[7]
+            elif key == "extended_kv":
+                out["kv_blocks_final"], out["kv_gib_final"] = int(_f(m.group(1))), _f(m.group(2))
+            elif key == "util_caps":
+                out["util_withheld_gib"] = _f(m.group(3))
             elif key == "cpu_kv_explicit":
                 out["cpu_kv_space_gib"] = _f(m.group(1))
             else:
                 out[key] = _f(m.group(1))
     if "kv_tokens" in out and "model_runner" not in out and out.get("kv_device") == "GPU":
-        out["model_runner"] = "v1"
+        # vLLM 0.34 has no V1 runner (and no "Using V2 Model Runner" line); before it, no such line meant V1.
+        v034 = "memory_after_warmup" in out or "extended_kv" in out or parse_version(
+            out.get("vllm_version") or "0.26")[:2] >= (0, 34)
+        out["model_runner"] = "v2" if v034 else "v1"
     au = out.get("actual_usage") or {}
     if "consumed_gib" in au and "model_loading_gib" in out:
         # 0.33 folds weights and non-torch into one number; split it with `Model loading took`.

@@ -55,6 +55,10 @@ Phases (the lead launches each as its own command):
   HQ       one GPU: Qwen3-8B alone and with an EAGLE-3 head (K 1-4): the pre-registered check of the head model
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
+  M034     vLLM 0.34, one GPU, memory only: 12 starts (dense, pairs, MoE, sliding window, EAGLE-3 head; util unset
+           and 0.9; phases034), pre-registered (bench/preregister_v034.py)
+  S034     vLLM 0.34, one GPU, timed: both 8B pairs, the Llama EAGLE-3 head and n-gram, most valuable first;
+           S034-first: its first six engines (one K per method and the baselines)
 """
 
 from __future__ import annotations

@@ -55,6 +55,10 @@ Phases (the lead launches each as its own command):
   HQ       one GPU: Qwen3-8B alone and with an EAGLE-3 head (K 1-4): the pre-registered check of the head model
   C        x2, memory only (engine start, log lines, exit): Qwen2.5-Coder-32B +/- Coder-7B, and util /
            max_model_len variants of the 8B pairs
+  M034     vLLM 0.34, one GPU, memory only: 12 starts (dense, pairs, MoE, sliding window, EAGLE-3 head; util unset
+           and 0.9; phases034), pre-registered (bench/preregister_v034.py)
+  S034     vLLM 0.34, one GPU, timed: both 8B pairs, the Llama EAGLE-3 head and n-gram, most valuable first;
+           S034-first: its first six engines (one K per method and the baselines)
 """
 
 from __future__ import annotations
@@ -103,7 +107,9 @@ def engine(target: str, draft: str | None, k: int, tp: int = 1, *, memory_only=F
                 max_num_seqs=max(MEASURE["batches"]))
     if memory_only:
         spec.update(memory_only=True, max_num_seqs=None)
-        spec["id"] = f"mem-{tag}-tp{tp}-u{over.get('util', spec['util'])}-L{over.get('max_model_len', spec['max_model_len'])}"
+        util = over.get("util", spec["util"])
+        spec["id"] = (f"mem-{tag}-tp{tp}-u{'def' if util is None else util}"
+                      f"-L{over.get('max_model_len', spec['max_model_len'])}")
     spec.update(over)
     return spec
 
@@ -492,8 +498,65 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
     }
 
 
+# vLLM 0.34 (issue 38). Never set VLLM_USE_V2_MODEL_RUNNER=0: Model Runner V1 is deleted and the variable is a
+# start-up error (vllm/config/vllm.py). util None leaves gpu_memory_utilization unset (0.34's default: 1.0 under its
+# extensible KV cache); ids say `udef`. Every engine is also a memory record (`GPU KV cache size` at its util).
+NGRAM_PERIOD = 16  # prompt tokens repeat with this period, so n-gram lookup (2-5 tokens) matches from step one
+
+
+def ngram_engine(target: str, k: int, **over) -> dict:
+    """`target` drafting by n-gram lookup (method ngram: vLLM 0.34's GPU speculator, ngram/speculator.py). Its
+    drafts are a fixed K wide (-1 where no match), so every step verifies K + 1 tokens whatever matched; synthetic
+    acceptance then accepts a real draft token at the given rate and always rejects a -1 placeholder
+    (rejection_sampler_utils.py `accepted &= is_valid_draft`). Prompts repeat a 16-token pattern so the lookup
+    matches; after a rejection the target's (dummy-weight) token may break the pattern, so the accepted length
+    per step is measured from the spec-decode counters, not imposed: the step time is the quantity to compare."""
+    e = engine(target, None, 0, **over)
+    return dict(e, id=e["id"].replace("-base-", f"-ngram-k{k}-"), k=k, method="ngram", draft="ngram",
+                speculative_extra={"prompt_lookup_min": 2, "prompt_lookup_max": 5}, prompt_period=NGRAM_PERIOD)
+
+
+def phases034() -> dict:
+    """Issue 38, vLLM 0.34 on one H200; predictions committed first (draftfit/data/predictions/2026-12-04_*.json,
+    bench/preregister_v034.py). M034: memory only (start, log, exit), 8192 tokens, vLLM's default max_num_seqs
+    (1024: the drafter's decode graphs then reach 1024 requests), util unset for most, 0.9 for four. S034: timed
+    engines (synthetic acceptance 0.8, batches 1, 8, 32, 128, repeats going round the batch sizes), max_num_seqs
+    128, 2048 tokens, util unset; most valuable first: one point per method (both 8B pairs at K 4, the EAGLE-3 head,
+    n-gram) with their baselines, then the other K. A call stopped at its deadline is resumed with --skip."""
+    l8, l1, q8, q06, e3 = "Llama-3.1-8B", "Llama-3.2-1B", "Qwen3-8B", "Qwen3-0.6B", "EAGLE3-Llama-3.1-8B"
+    q30, g9, g2 = "Qwen3-30B-A3B", "Gemma-2-9b", "Gemma-2-2b"
+    mem = dict(memory_only=True, max_model_len=8192)
+    nohma = {"engine_kwargs": {"disable_hybrid_kv_cache_manager": True}}
+    m034 = [engine(l8, None, 0, util=None, **mem),
+            engine(l8, l1, 4, util=None, **mem),
+            engine(l8, l1, 4, util=0.9, **mem),
+            engine(q8, q06, 4, util=None, **mem),
+            engine(q30, q06, 4, util=None, **mem),
+            engine(q30, None, 0, util=0.9, **mem),
+            engine(g9, None, 0, util=None, **mem),
+            dict(engine(g9, g2, 4, util=0.9, **mem), **nohma,
+                 id=engine(g9, g2, 4, util=0.9, **mem)["id"] + "-nohma"),
+            dict(engine(l8, e3, 3, util=None, **mem), method="eagle3"),
+            engine(l8, None, 0, util=0.9, **mem),
+            engine(q8, q06, 4, util=0.9, **mem),
+            engine(q8, None, 0, util=None, **mem)]
+    timed = dict(util=None, interleave=True)
+    first = [engine(l8, None, 0, **timed), engine(l8, l1, 4, **timed),
+             engine(q8, None, 0, **timed), engine(q8, q06, 4, **timed),
+             dict(engine(l8, e3, 3, **timed), method="eagle3"), ngram_engine(l8, 3, **timed)]
+    rest = ([engine(t, d, k, **timed) for k in (2, 1) for t, d in ((l8, l1), (q8, q06))]
+            + [dict(engine(l8, e3, k, **timed), method="eagle3") for k in (1, 4)]
+            + [ngram_engine(l8, k, **timed) for k in (1, 5)]
+            + [engine(t, d, k, **timed) for k in (3, 6) for t, d in ((l8, l1), (q8, q06))]
+            + [dict(engine(l8, e3, 2, **timed), method="eagle3")])
+    return {"M034": [("gpu0", "0", 110, m034)],
+            "S034": [("gpu0", "0", 110, first + rest)],
+            "S034-first": [("gpu0", "0", 110, first)]}
+
+
 def _with_c2(table: dict) -> dict:
     table["C2"] = [(name, dev, t, lane[:3]) for name, dev, t, lane in table["C"]]
+    table.update(phases034())
     return table
 
 

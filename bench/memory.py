@@ -69,7 +69,8 @@ def _case_name(spec: dict, seqs: int, kwargs: dict | None = None) -> str:
     nohma = "_nohma" if (kwargs or {}).get("disable_hybrid_kv_cache_manager") else ""
     kv = (kwargs or {}).get("kv_cache_dtype", "auto")
     kv = f"_kv{kv}" if kv != "auto" else ""
-    return (f"gpu_h200_{models}_tp{spec.get('tp', 1)}_u{spec['util']}_L{spec['max_model_len']}_s{seqs}"
+    util = "def" if spec.get("util") is None else spec["util"]  # None: left unset (vLLM 0.34's default)
+    return (f"gpu_h200_{models}_tp{spec.get('tp', 1)}_u{util}_L{spec['max_model_len']}_s{seqs}"
             f"{nohma}{kv}").lower()
 
 
@@ -89,6 +90,8 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
     ran_tokens = int(m.group(1)) if m else None
     ran_seqs = result.get("max_num_seqs") or spec.get("max_num_seqs")
     draft = spec.get("draft")
+    if spec.get("method") == "ngram":
+        draft = None  # n-gram lookup: no drafter model and no KV layers; the engine is the target's memory record
     rec = {
         "case": _case_name(spec, ran_seqs, kwargs), "backend": "gpu",
         "target": spec["target"], "target_config": json.loads((CONFIGS / spec["target"] / "config.json").read_text()),
@@ -98,7 +101,8 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
         "speculative_method": spec.get("method", "draft_model") if draft else None,
         "num_speculative_tokens": int(spec.get("k") or 0) if draft else 0,
         "gpu": "H200", "gpu_total_gib": parsed.get("total_gib"), "tp": int(spec.get("tp", 1)),
-        "util": float(spec["util"]), "max_model_len": int(spec["max_model_len"]),
+        # null: gpu_memory_utilization left unset (vLLM 0.34's default, 1.0 under its extensible KV cache)
+        "util": None if spec.get("util") is None else float(spec["util"]), "max_model_len": int(spec["max_model_len"]),
         # What the user set (null: vLLM's LLM-class default), and what the engine ran with.
         "max_num_seqs": kwargs.get("max_num_seqs", spec.get("max_num_seqs")),
         "max_num_batched_tokens": kwargs.get("max_num_batched_tokens"),
@@ -168,7 +172,7 @@ def rows() -> list[list]:
         naive_err = 100 * (naive - vllm) / vllm if vllm else float("nan")
         layout = f"TP={rec.get('tp', 1)}, len {rec['max_model_len']}"
         where = (f"CPU, {rec['kvcache_space_gib']} GiB pool" if rec.get("backend") == "cpu"
-                 else f"{rec['gpu']}, util {rec.get('util', 0.9)}")
+                 else f"{rec['gpu']}, util " + ("unset" if rec.get("util", 0.9) is None else f"{rec.get('util', 0.9)}"))
         out.append([
             rec["case"], f"{rec['target']}" + (f" + {rec['draft']}" if rec.get("draft") else ""), where, layout,
             f"{vllm:,}", f"{plan.kv_tokens:,}", f"{err:+.2f}%", f"{naive:,} ({naive_err:+.1f}%)",
@@ -194,7 +198,8 @@ def term_rows() -> list[list]:
              if plan.model_runner == "v1" or plan.cudagraph_reserved_gib
              else "0 / 0 (V2)"),  # 0.33's V2 reserves its estimate too (docs/VLLM_VERSIONS.md)
             f"{plan.cudagraph_gib:.2f} / {au['cudagraph_gib']:.2f}",
-            f"{plan.kv_pool_gib:.2f} / {log['available_kv_gib']:.2f}",
+            # 0.34's `Available KV cache memory` is only the reservation: the committed pool is `Extended KV cache`.
+            f"{plan.kv_pool_gib:.2f} / {log.get('kv_gib_final', log['available_kv_gib']):.2f}",
         ])
     return out
 

@@ -10,7 +10,7 @@ from functools import lru_cache
 # vLLM versions whose GPU memory accounting, serve flags and start-up rules draftfit mirrors from their source
 # (draftfit/memory/plan.py GPU_VERSION_RULES, draftfit/launch/flags/). Oldest first; any other version is read
 # as the nearest modelled one at or below it (the oldest for anything older), with a note.
-MODELLED = ("0.26", "0.33")
+MODELLED = ("0.26", "0.33", "0.34")
 
 
 def parse_version(v: str | None) -> tuple[int, ...]:

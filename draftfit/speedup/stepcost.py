@@ -452,8 +452,12 @@ def _loop_factor(target, draft, overheads: dict, loop_factor: float | None) -> f
 # it right behind the verify from CUDA graphs (draft_passes_ms). 0.33's V2 draft_model speculator
 # (v1/worker/gpu/spec_decode/standalone_ar/speculator.py: init_cudagraph_manager and capture are `pass`, every
 # pass built with CUDAGraphMode.NONE) runs all K passes eagerly, the first a prefill over the verified tokens, so
-# each pays its host launch time; its H200 tables fit better with K passes charged than with K-1.
-FIRST_DRAFT_PASS_HIDDEN = {"0.26": True, "0.33": False}
+# each pays its host launch time; its H200 tables fit better with K passes charged than with K-1. 0.34's
+# standalone_ar speculator (on autoregressive/cudagraph_utils.py) captures the loop again: PIECEWISE/FULL prefill
+# graphs for the first pass and one fused FULL graph for the K-1 decode passes, async scheduling on for every method
+# (config/vllm.py); with no 0.34 table yet it is priced as 0.26's graphed loop (0.26's tables and overheads stand
+# in, band widened by UNCALIBRATED_VERSION_BAND_FACTOR in step_cost_model), never as 0.33's eager one.
+FIRST_DRAFT_PASS_HIDDEN = {"0.26": True, "0.33": False, "0.34": True}
 
 
 def first_pass_hidden(overheads: dict | None) -> bool:

@@ -8,7 +8,7 @@ from draftfit.rules import WORKLOADS
 
 from draftfit.errors import DraftfitError
 from draftfit.cli.render import json_option
-from draftfit.catalog.specs import _normalize
+from draftfit.catalog.specs import NO_MODEL_METHODS, _normalize
 from draftfit.cli.render import console, emit_json, table
 from draftfit.cli.render import fmt_num, fmt_tokens
 from draftfit.layout import check_int, check_name, parse_int_list
@@ -80,13 +80,14 @@ def _winner_lines(result, w) -> list[str]:
     sp = w.speedup.get(b0)
     band = (f"{fmt_num(sp)}x [{fmt_num(w.speedup_low.get(b0))}-{fmt_num(w.speedup_high.get(b0))}] at batch {b0}"
             if sp is not None else "speedup n/a")
-    head = (f"Winner: {w.draft} ({w.method}, {k}): {band}, α {fmt_num(w.acceptance)} ({w.acceptance_source}), "
+    how = k if w.method == w.draft else f"{w.method}, {k}"
+    head = (f"Winner: {w.draft} ({how}): {band}, α {fmt_num(w.acceptance)} ({w.acceptance_source}), "
             f"step costs: {w.speedup_basis or 'n/a'}")
     narrow = []
     if not w.acceptance_source.startswith("measured"):
         narrow.append(f"measure your prompts: `draftfit measure {result.target.name} {w.draft} "
                       f"--workload {result.workload} --prompts-file F`")
-    if w.speedup_basis != "calibrated":
+    if w.speedup_basis != "calibrated" and w.method not in NO_MODEL_METHODS:  # calibrate times a draft model
         narrow.append(f"calibrate your GPU: `draftfit calibrate {result.target.name} {w.draft} --tp {result.tp}`")
     lines = [head]
     if narrow:
@@ -159,7 +160,7 @@ def _print_table(result, show_all: bool = False) -> None:
         for c in hidden:
             kinds[c.decision] = kinds.get(c.decision, 0) + 1
         what = ", ".join(f"{n} {d}" for d, n in kinds.items())
-        con.print(f"{len(hidden)} more drafts not shown ({what}); `--all` lists them", highlight=False, markup=False)
+        con.print(f"{len(hidden)} more draft{'s' if len(hidden) > 1 else ''} not shown ({what}); `--all` lists them", highlight=False, markup=False)
     for line in result.layout.notes:
         con.print(line, style="dim", highlight=False, markup=False)
     con.print("[dim]rows are sorted by predicted speedup over the batch sizes asked for; step costs are calibrated "

@@ -1,18 +1,21 @@
 """rank's default screen against goldens captured in a real terminal (tmux, 80 and 200 columns).
 
 The goldens are what a person sees: tests/data/rank_screen/capture.sh regenerates them with tmux. Here the same
-command renders through click at those widths (COLUMNS) and must match line for line; only the timing varies.
+command runs in a fresh process at those widths (COLUMNS) and must match line for line; only the timing varies.
+Both use an empty measurement store, so the screen depends on the repository alone (and a fresh process, so no
+state another test left in this one leaks in).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from draftfit.cli import cli
 
 GOLDENS = Path(__file__).parent / "data" / "rank_screen"
 REGEN = "bash tests/data/rank_screen/capture.sh .venv/bin/python"
@@ -26,10 +29,14 @@ def _normalise(text: str) -> list[str]:
     return lines
 
 
-def _render(width: int) -> str:
-    res = CliRunner().invoke(cli, ["rank", "--target", "Llama-3.1-70B"], env={"COLUMNS": str(width)})
-    assert res.exit_code == 0, res.output
-    return res.output
+def _render(width: int, *extra: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "COLUMNS": str(width), "DRAFTFIT_STORE": str(Path(tmp) / "store.sqlite")}
+        env.pop("LINES", None)
+        res = subprocess.run([sys.executable, "-m", "draftfit", "rank", "--target", "Llama-3.1-70B", *extra],
+                             capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
 
 
 @pytest.mark.parametrize("width", [80, 200])
@@ -56,5 +63,5 @@ def test_80_columns_fit_except_the_copyable_command():
 def test_default_hides_incompatible_and_all_lists_them():
     out = _render(200)
     assert "Qwen2.5-0.5B" not in out and "36 more drafts not shown (36 incompatible); `--all` lists them" in out
-    res = CliRunner().invoke(cli, ["rank", "--target", "Llama-3.1-70B", "--all"], env={"COLUMNS": "200"})
-    assert res.exit_code == 0 and "Qwen2.5-0.5B" in res.output and "not shown" not in res.output
+    out_all = _render(200, "--all")
+    assert "Qwen2.5-0.5B" in out_all and "not shown" not in out_all

@@ -723,8 +723,8 @@ def host_bound_note(target, draft, gpu, *, tp: int, batch: int, context_len: int
     return (f"host-bound at batch {batch}: at K={k} vLLM's draft loop needs {host_ms:.1f} ms of host launch time "
             f"({_host_launched_passes(k, overheads)} passes x {draft.num_layers} layers of {draft.name}) for "
             f"{gpu_ms:.1f} ms of GPU work, so the "
-            "engine core's CPU thread sets the step; such steps varied up to 1.7x between runs on the H200 hosts "
-            f"measured (README, host-trace), hence the prior's ±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} band there: "
+            "engine core's CPU thread sets the step; such steps varied between runs on the H200 hosts "
+            f"measured (docs/benchmarks.md, section bench:host-trace), hence the prior's ±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} band there: "
             "the host CPU, not only the GPU, sets this speedup (`draftfit calibrate` on the server narrows it)")
 
 

@@ -5,7 +5,7 @@ draft_loop.json (read by draftfit.speedup.loop_factor) and the docs section `dra
     .venv/bin/python bench/draft_loop_factor.py           # recompute, write the file and the section
     .venv/bin/python bench/draft_loop_factor.py --check   # exit 1 if the file differs from what the raw files give
 
-Method (decided in docs/GPU_CAMPAIGN.md, eighteenth session, before phases PG1/PG2 ran): at batch 1 the K=6 step
+Method (decided in docs/archive/GPU_CAMPAIGN.md, eighteenth session, before phases PG1/PG2 ran): at batch 1 the K=6 step
 less the K=2 step of the same (target, draft) in the same machine lease is four more draft loop passes. For each
 such pair of engines the model is run without a factor (stepcost.prior_step_cost, loop_factor=1, overheads fitted
 on the calibration tables of every other target) and with the host cost doubled; the measured difference then gives
@@ -34,7 +34,7 @@ from draftfit.speedup.stepcost import fitted_overheads, gpu_spec, model_spec, pr
 ROOT = Path(__file__).resolve().parent.parent
 RAW = ROOT / "data" / "calibration" / "raw"
 # The raw files with diagnostic engines of one lease each: {file: lease}. A lease is one machine held from install
-# to release; engines of one lease share its host, whose speed varies between leases (docs/GPU_CAMPAIGN.md).
+# to release; engines of one lease share its host, whose speed varies between leases (docs/archive/GPU_CAMPAIGN.md).
 LEASES = {
     "2026-12-03/X2a_gpu0.json": "2026-12-03 eighteenth session, lease 2",
     "2026-12-03/X2b_gpu0.json": "2026-12-03 eighteenth session, lease 2",
@@ -51,7 +51,7 @@ LEASES = {
 K_LO, K_HI, BATCH = 2, 6, 1
 MIN_PAIRS, MIN_LEASES = 3, 2
 CONTEXT_LEN = 112  # the diagnostics' 64-token prompts and 96 output tokens: the mean context of a decode step
-SOURCE = "bench/draft_loop_factor.py over data/calibration/raw/2026-12-03 (docs/GPU_CAMPAIGN.md)"
+SOURCE = "bench/draft_loop_factor.py over data/calibration/raw/2026-12-03 (docs/archive/GPU_CAMPAIGN.md)"
 COMMAND = "python bench/draft_loop_factor.py"
 
 

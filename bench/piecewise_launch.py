@@ -103,7 +103,7 @@ def render() -> tuple[str, dict]:
             if figures["table_slopes"] < figures["drafts"]:
                 text += (" The tables' loop slopes are not the piecewise forward's, so per the registered decision "
                          "the model keeps one cost (the measured ratios, tried in the leave-one-out all the same, "
-                         "made it worse: docs/GPU_CAMPAIGN.md, sixteenth session).")
+                         "made it worse: docs/archive/GPU_CAMPAIGN.md, sixteenth session).")
         else:
             text += "Not measured yet."
     if by_step:

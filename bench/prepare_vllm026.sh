@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebuilds, here, the four folders that carry vLLM 0.26.0 (+ the 20 small wheels of ../shared/gpu/wheels.txt) to the
-# lent H200 in five device calls instead of seven (issue 16; docs/GPU_CAMPAIGN.md "Seventh session"). A call carries at
+# lent H200 in five device calls instead of seven (issue 16; docs/archive/GPU_CAMPAIGN.md "Seventh session"). A call carries at
 # most 64 MiB, the working tree included (16.1 MiB on 2026-12-02, 19.4 MiB on 2026-12-03, when 46,800,000-byte parts
 # no longer fitted beside it: "the working tree is larger than 64 MiB"), so a part is 37,640,000 bytes (CHUNK_BYTES),
 # five parts with py-spy's wheel in the last folder; the tree may grow by about 8 MiB more:

@@ -318,7 +318,7 @@ def render(result: dict, summary: dict) -> str:
     """Markdown for the README."""
     if not result["cases"]:
         return ("No calibration data yet: no usable GPU step-cost table in `draftfit/data/calibration/*.json`. Run the GPU campaign "
-                "(docs/GPU_CAMPAIGN.md), then `draftfit calibrate --ingest ...` and this script.")
+                "(docs/METHODS.md), then `draftfit calibrate --ingest ...` and this script.")
     s = summary
     goal_err = s["mape_draftfit"] <= 0.15 and s["within15_draftfit"] >= 0.8
     # Best K as draftfit advises it: a K, or no speculation (deliverable 4); the K-only score is shown too.

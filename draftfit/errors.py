@@ -46,5 +46,5 @@ def require(module: str, extra: str = "full"):
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingDependencyError(
             f"this command needs the Python package '{module.split('.')[0]}' ({exc})",
-            fix=f"run `make test` once, or `pip install -e '.[{extra}]'`",
+            fix=f"`.venv/bin/pip install -e '.[{extra}]'` in the clone (or `make test`, which installs everything)",
         ) from None

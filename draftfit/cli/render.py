@@ -40,14 +40,17 @@ def console():
     return Console(soft_wrap=False, width=width)
 
 
-def table(title: str | None, columns: list[str], rows: list[list[Any]], caption: str | None = None):
+def table(title: str | None, columns: list[str], rows: list[list[Any]], caption: str | None = None,
+          overflow: str = "ellipsis"):
+    from rich.markup import escape
     from rich.table import Table
 
+    # Headers and cells are text, not markup: "α [band]" or a folder named "ckpt [/old]" must print as written.
     t = Table(title=title, caption=caption, header_style="bold")
     for col in columns:
-        t.add_column(col)
+        t.add_column(escape(col), overflow=overflow)
     for row in rows:
-        t.add_row(*["" if v is None else str(v) for v in row])
+        t.add_row(*["" if v is None else escape(str(v)) for v in row])
     return t
 
 

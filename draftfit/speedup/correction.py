@@ -240,7 +240,7 @@ def fit_default(tables=None, *, model_dir: Path = MODEL_DIR) -> FitReport:
     if len(ts.y) < 4:
         raise DraftfitError(f"not enough calibration data to train on ({len(ts.y)} samples; no calibration data yet)"
                             if ts.y else "no calibration data yet",
-                            fix="run the GPU campaign (docs/GPU_CAMPAIGN.md) and `draftfit calibrate --ingest`")
+                            fix="run the GPU campaign (docs/METHODS.md, sections 2 and 4) and `draftfit calibrate --ingest`")
     cv = loo_by_configuration(tables) or cross_validate(ts)
     model = _corrector()().fit(ts.X, ts.y)
     model_dir = Path(model_dir)

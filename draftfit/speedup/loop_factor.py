@@ -4,7 +4,7 @@ vLLM 0.26 runs a draft_model drafter's K-1 loop passes on the engine core's one 
 each pass the draft's layers x one fitted host cost per layer (stepcost.draft_layer_ms), the same beside every
 target. On one H200 the same draft ran its passes about 1.5x slower beside Qwen1.5-MoE-A2.7B than that cost, in
 every engine start measured (three leases), while beside Mixtral-8x7B it ran as beside the dense Mistral-7B-v0.1
-(docs/GPU_CAMPAIGN.md, eighteenth and nineteenth sessions). Why is open (the KV page size was tested and is not
+(docs/benchmarks.md, section bench:draft-loop-factor; history: docs/archive/GPU_CAMPAIGN.md). Why is open (the KV page size was tested and is not
 it), so the factor is a measured property of that target, like a calibration table, and no other target gets one:
 a target not in the file is charged the fitted cost, with the prior's host-bound band.
 

@@ -125,30 +125,29 @@ MOE_NOTE = ("MoE: a step reads the experts its tokens route to, E(1-(1-k/E)^T) o
             "routing, plus {us:.1f} us per added token per MoE layer (fitted on the Mixtral-8x7B and Qwen1.5-MoE-A2.7B "
             "H200 tables; held-out Qwen3-30B-A3B: docs/benchmarks.md 'Pre-registered'). Those tables were measured "
             "with dummy weights, whose routers spread tokens about uniformly (their plain steps at batch 32-128 match "
-            "uniform coverage within 9 %); a trained router that sends a batch's "
+            "uniform coverage: docs/benchmarks.md, section bench:speedup); a trained router that sends a batch's "
             "tokens to fewer experts makes the plain step at batch 8-32 cheaper than printed, and speculation's gain "
             "there smaller")
 # What the timed head drafters say of the roofline prior for EAGLE/MTP heads (step_cost_model), by the model runner
 # vLLM runs the head on (head_on_async_runner). V1 (0.26: MoE and hybrid targets): the prior's overheads are fitted on
-# draft_model tables; measured once, pre-registered (bench/preregister_head.py --case mtp, docs/GPU_CAMPAIGN.md twelfth
-# session). V2 (0.26: dense targets): a plain step's host overhead, the verify and the head's passes, no fitted term,
+# draft_model tables; measured once, pre-registered (bench/preregister_head.py --case mtp; docs/METHODS.md section 3, history in
+# docs/archive/GPU_CAMPAIGN.md). V2 (0.26: dense targets): a plain step's host overhead, the verify and the head's passes, no fitted term,
 # built on Llama-3.1-8B + an EAGLE-3 head (--case eagle3, thirteenth session) and checked on Qwen3-8B + an EAGLE-3
 # head pre-registered with it (--case eagle3-qwen3).
 HEAD_PRIOR_MARK = "head drafter timed"  # how rank picks these notes out for the row they concern
 HEAD_PRIOR_NOTE = ("{method} drafter on vLLM's V1 model runner: priced as the verify + the draft_model tables' pass costs + "
                    "a plain step's host overhead (vLLM keeps async scheduling on for heads: heads_async_scheduling). The "
                    "one such " + HEAD_PRIOR_MARK + " (Qwen3-Next-80B-A3B's shapes at 24 layers with its MTP layer, H200, "
-                   "vLLM 0.26) came out 22 % below the measured speedups pre-registered, with draft_model's fixed cost; "
-                   "with the async rule, made after that score, 14 %: 18-46 % too high at batch 1, 3-13 % too low at "
-                   "batch 8-128 (docs/GPU_CAMPAIGN.md, twelfth and fifteenth sessions)")
+                   "vLLM 0.26) came out below the measured speedups pre-registered with draft_model's fixed cost, and "
+                   "closer with the async rule made after that score, too high at batch 1 and too low at batch 8-128: "
+                   "docs/benchmarks.md, section bench:mtp-preregistered")
 HEAD_ASYNC_NOTE = ("{method} drafter on vLLM's V2 model runner (async scheduling, the head's passes as CUDA graphs): priced "
                    "as a plain step's host overhead + the verify + the head's K passes, no fitted term; the model was "
-                   "built on the first EAGLE-3 " + HEAD_PRIOR_MARK + " (Llama-3.1-8B on one H200, vLLM 0.26: 17 % mean "
-                   "abs error there, but its step of 640 tokens, batch 128 at K=4, ran 1.8x slower than printed: eager "
+                   "built on the first EAGLE-3 " + HEAD_PRIOR_MARK + " (Llama-3.1-8B on one H200, vLLM 0.26; its error: "
+                   "docs/benchmarks.md, section bench:eagle3-preregistered; its step of 640 tokens, batch 128 at K=4, ran 1.8x slower than printed: eager "
                    "launch times were probed on the V1 runner only) "
-                   "and checked, pre-registered, on a second (Qwen3-8B + an EAGLE-3 head, K 1-4 at batch 1-128: 10 % "
-                   "mean abs error, 13 of 16 points within 15 %, best K right at 4 of 4 batch sizes; "
-                   "docs/benchmarks.md, eagle3-qwen3-preregistered)")
+                   "and checked, pre-registered, on a second (Qwen3-8B + an EAGLE-3 head, K 1-4 at batch 1-128; "
+                   "its error and best K: docs/benchmarks.md, section bench:eagle3-qwen3-preregistered)")
 # GPU catalog name -> the device name vLLM writes into its fused-MoE config file names
 # (current_platform.get_device_name() with spaces as underscores; every H200 variant reads NVIDIA_H200:
 # model_executor/layers/fused_moe/fused_moe.py get_config_file_name). As the shipped file names spell them.
@@ -160,9 +159,10 @@ UNTUNED_MOE_NOTE = (
     "vLLM {version} ships no tuned fused-MoE kernel config {name} for {target} on {gpu} at TP={tp}: it runs its "
     "default one (its log says 'Using default MoE config. Performance might be sub-optimal!'). The one such "
     "target measured, Qwen1.5-MoE-A2.7B on the H200 (E=60,N=1408; its table: draftfit calibrate --show "
-    "Qwen1.5-MoE-A2.7B), ran plain steps of 256-768 tokens within 10 % of draftfit's step-cost model, which has no "
+    "Qwen1.5-MoE-A2.7B), ran plain steps of 256-768 tokens close to draftfit's step-cost model, which has no "
     "default-config penalty, while at batch 128 and K 2-3 (384-512 graphed tokens) draftfit's speedups, fitted "
-    "without that table, were 17-24 % above the measured ones; the printed speedups there may be too high. A config "
+    "without that table, were above the measured ones (docs/benchmarks.md, section bench:speedup); the printed "
+    "speedups there may be too high. A config "
     "tuned for the server (vLLM's benchmarks/kernels/benchmark_moe.py --tune, then VLLM_TUNED_CONFIG_FOLDER) removes "
     "the doubt")
 
@@ -803,8 +803,8 @@ def host_bound_note(target, draft, gpu, *, tp: int, batch: int, context_len: int
     return (f"host-bound at batch {batch}: at K={k} vLLM's draft loop needs {host_ms:.1f} ms of host launch time "
             f"({_host_launched_passes(k, overheads)} passes x {draft.num_layers} layers of {draft.name}) for "
             f"{gpu_ms:.1f} ms of GPU work, so the "
-            "engine core's CPU thread sets the step; such steps varied up to 1.7x between runs on the H200 hosts "
-            f"measured (README, host-trace), hence the prior's ±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} band there: "
+            "engine core's CPU thread sets the step; such steps varied between runs on the H200 hosts "
+            f"measured (docs/benchmarks.md, section bench:host-trace), hence the prior's ±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} band there: "
             "the host CPU, not only the GPU, sets this speedup (`draftfit calibrate` on the server narrows it)")
 
 

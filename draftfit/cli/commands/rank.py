@@ -8,7 +8,7 @@ from draftfit.rules import WORKLOAD_HELP, WORKLOADS
 
 from draftfit.errors import DraftfitError
 from draftfit.cli.render import json_option
-from draftfit.catalog.specs import _normalize
+from draftfit.catalog.specs import NO_MODEL_METHODS, _normalize
 from draftfit.cli.render import console, emit_json, table
 from draftfit.cli.render import fmt_num, fmt_tokens
 from draftfit.layout import check_int, check_name, parse_int_list
@@ -33,9 +33,11 @@ from draftfit.rank import rank as run_rank
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache dtype: auto or fp8.")
 @click.option("--max-num-seqs", type=int, default=None,
               help="vLLM's max_num_seqs (default: vLLM's; draftfit lowers it only when nothing fits otherwise).")
+@click.option("--all", "show_all", is_flag=True,
+              help="List every draft, incompatible and not fitting ones too (default: compatible ones and a count).")
 @json_option
 def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util, candidates, explain, vllm_version,
-         quantization, kv_cache_dtype, max_num_seqs, as_json):
+         quantization, kv_cache_dtype, max_num_seqs, show_all, as_json):
     """Rank catalog drafts for TARGET: tokenizer, memory, acceptance, best K, speedup, serve command."""
 
     target = check_name(target, "--target", fix="pass --target a catalog name, hub id or model folder")
@@ -60,7 +62,7 @@ def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util
 
         emit_json(result.to_json())
         return
-    _print_table(result)
+    _print_table(result, show_all)
 
 
 def _short(text: str, n: int = 48) -> str:
@@ -68,16 +70,60 @@ def _short(text: str, n: int = 48) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _print_table(result) -> None:
+# Below this many columns the table keeps only the columns that decide (draft, α, K, speedup, verdict).
+_NARROW_COLS = 120
+
+
+def _winner_lines(result, w) -> list[str]:
+    """The winner's line: its speedup with band and source, and what would narrow that band."""
+    b0 = result.batches[0]
+    k = f"K schedule {w.k_schedule}" if w.k_schedule else f"K={w.k}"
+    sp = w.speedup.get(b0)
+    band = (f"{fmt_num(sp)}x [{fmt_num(w.speedup_low.get(b0))}-{fmt_num(w.speedup_high.get(b0))}] at batch {b0}"
+            if sp is not None else "speedup n/a")
+    how = k if w.method == w.draft else f"{w.method}, {k}"
+    head = (f"Winner: {w.draft} ({how}): {band}, α {fmt_num(w.acceptance)} ({w.acceptance_source}), "
+            f"step costs: {w.speedup_basis or 'n/a'}")
+    narrow = []
+    if not w.acceptance_source.startswith("measured"):
+        narrow.append(f"measure your prompts: `draftfit measure {result.target.name} {w.draft} "
+                      f"--workload {result.workload} --prompts-file F`")
+    if w.speedup_basis != "calibrated" and w.method not in NO_MODEL_METHODS:  # calibrate times a draft model
+        narrow.append(f"calibrate your GPU: `draftfit calibrate {result.target.name} {w.draft} --tp {result.tp}`")
+    lines = [head]
+    if narrow:
+        lines.append("  to narrow the band: " + "; ".join(narrow))
+    return lines
+
+
+def _print_table(result, show_all: bool = False) -> None:
 
     con = console()
-    if not con.is_terminal:
-        con.width = max(con.width, 180)  # piped output: keep one row per draft
-    cols = ["draft", "tokenizer", "vLLM", "fits: KV left (draft share)", "α [band]", "α source", "K"] + [
-        f"speedup b={b} [band]" for b in result.batches] + ["basis", "verdict"]
+    narrow = con.width < _NARROW_COLS
+    title = (f"{result.target.name} on {result.gpu.name} x{result.tp}, max_model_len "
+             f"{result.layout.max_model_len}, {result.workload}, T={result.temperature:g}")
+    con.print(f"[bold]{title}[/bold]", highlight=False)
+    w = next((c for c in result.candidates if c.draft == result.winner), None)
+    if w is not None and result.serve_command:
+        for i, line in enumerate(_winner_lines(result, w)):
+            con.print(line, style="bold green" if i == 0 else None, highlight=False, markup=False)
+        con.print("[bold]Serve it:[/bold]", highlight=False)
+        click.echo(result.serve_command)  # one unbroken line, to copy
+    else:
+        con.print("No draft is predicted to speed this target up: serve it without speculation "
+                  "(rows below say why)", style="bold yellow", highlight=False, markup=False)
+    con.print()
+
+    shown = [c for c in result.candidates if show_all or c.group == 0]
+    hidden = [c for c in result.candidates if not show_all and c.group != 0]
+    if narrow:
+        cols = ["draft", "α [band]", "K"] + [f"b={b} speedup [band]" for b in result.batches] + ["verdict"]
+    else:
+        cols = ["draft", "tokenizer", "vLLM", "fits: KV left (draft share)", "α [band]", "α source", "K"] + [
+            f"speedup b={b} [band]" for b in result.batches] + ["basis", "verdict"]
     rows = []
     footnotes: dict[str, list[str]] = {}
-    for c in result.candidates:
+    for c in shown:
         if c.fits is None:
             fit = "n/a"
         else:
@@ -92,37 +138,38 @@ def _print_table(result) -> None:
             sp.append("n/a" if s is None else
                       f"{s:.2f}x [{fmt_num(c.speedup_low.get(b))}-{fmt_num(c.speedup_high.get(b))}]{at}")
         ok = "n/a" if c.vllm_accepts is None else ("yes" if c.vllm_accepts else "NO")
-        if c.group == 0:
-            verdict = c.decision if c.decision == "speculate" else f"{c.decision}: {_short(c.reason, 40)}"
+        if c.decision == "speculate":
+            verdict = "WINNER" if c.draft == result.winner else "speculate"
         else:
             footnotes.setdefault(c.reason, []).append(c.draft)
-            verdict = f"{c.decision} [{len(footnotes)}]" if c.reason in footnotes else c.decision
             verdict = f"{c.decision} [{list(footnotes).index(c.reason) + 1}]"
-        k_col = ("/".join(str(r[2]) for r in c.k_schedule) + " (per batch)") if c.k_schedule else (c.k or "-")
-        rows.append([c.draft, c.verdict, ok, fit, acc, c.acceptance_source, k_col, *sp,
-                     c.speedup_basis or "-", verdict])
-    title = (f"Drafts for {result.target.name} on {result.gpu.name} x{result.tp}, max_model_len "
-             f"{result.layout.max_model_len}, {result.workload}, T={result.temperature:g}")
-    srcs = sorted({c.speedup_source for c in result.candidates
+        k_col = ("/".join(str(r[2]) for r in c.k_schedule)) if c.k_schedule else (c.k or "-")
+        if narrow:
+            rows.append([c.draft, acc, k_col, *sp, verdict])
+        else:
+            rows.append([c.draft, c.verdict, ok, fit, acc, c.acceptance_source, k_col, *sp,
+                         c.speedup_basis or "-", verdict])
+    srcs = sorted({c.speedup_source for c in shown
                    if c.speedup_source and c.group == 0 and not c.speedup_source.startswith("not computed")})
     caption = "speedup: " + "; ".join(srcs) if srcs else None
-    con.print(table(title, cols, rows, caption=caption))
+    con.print(table(f"Compatible drafts ({len(shown)})" if not show_all else f"All drafts ({len(shown)})",
+                    cols, rows, caption=caption, overflow="fold"))
     for i, (reason, names) in enumerate(footnotes.items(), 1):
         con.print(f"[{i}] {', '.join(names)}: {reason}", highlight=False, markup=False)
+    if hidden:
+        kinds: dict[str, int] = {}
+        for c in hidden:
+            kinds[c.decision] = kinds.get(c.decision, 0) + 1
+        what = ", ".join(f"{n} {d}" for d, n in kinds.items())
+        con.print(f"{len(hidden)} more draft{'s' if len(hidden) > 1 else ''} not shown ({what}); `--all` lists them", highlight=False, markup=False)
     for line in result.layout.notes:
         con.print(line, style="dim", highlight=False, markup=False)
-    con.print("[dim]rows are sorted by predicted speedup over the batch sizes asked for; `basis` says which rest "
-              "on measured step costs (calibrated) and which on the roofline prior (wider band)[/dim]", highlight=False)
-    cites = sorted({(c.acceptance_source, c.acceptance_citation) for c in result.candidates
+    con.print("[dim]rows are sorted by predicted speedup over the batch sizes asked for; step costs are calibrated "
+              "(measured) or the roofline prior (wider band)[/dim]", highlight=False)
+    cites = sorted({(c.acceptance_source, c.acceptance_citation) for c in shown
                     if c.acceptance_source.startswith(("prior", "replay")) and c.acceptance_citation and c.group == 0})
     for src, cit in cites:
         con.print(f"[dim]{src}: {cit}[/dim]", highlight=False)
-    if result.serve_command:
-        w = next((c for c in result.candidates if c.draft == result.winner), None)
-        k = (f"K schedule {w.k_schedule}" if w and w.k_schedule else f"K={w.k if w else '?'}")
-        con.print(f"\n[bold]Serve the winner ({result.winner}, {k}, max_model_len "
-                  f"{result.layout.max_model_len}):[/bold]", highlight=False)
-        click.echo(result.serve_command)
     for n in result.notes:
         con.print(f"[dim]note: {n}[/dim]", highlight=False)
     con.print(f"[dim]ranked {len(result.candidates)} drafts in {result.elapsed_s:.2f}s; "

@@ -138,6 +138,8 @@ def ingest(paths: list[str]) -> list[Path]:
             # The campaign folder's dated subfolder stays in the reference (raw/<date>/<lane>.json).
             rel = Path(raw).resolve()
             raw_name = "/".join(rel.parts[-2:]) if rel.parent.name != "raw" else rel.name
+            if rel.parent.parent.name.startswith("vllm-"):  # raw/vllm-0.34/<date>/<lane>.json
+                raw_name = "/".join(rel.parts[-3:])
             rec = record_from_engine(entry, raw_name)
             if rec is None:
                 continue

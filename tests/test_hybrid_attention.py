@@ -74,7 +74,9 @@ def test_sliding_window_target_memory_differs_from_all_full_as_vllm_source_says(
     gpu = resolve_gpu("H200")
     t = resolve_model("Gemma-2-9b")
     full = dataclasses.replace(t, layer_types="")
-    kw = dict(tp=1, util=0.85, max_model_len=2048, entrypoint="llm", max_num_seqs=128, strict=False)
+    # 16-token blocks: vLLM 0.33's default (0.34's 64 is tests/test_vllm034_memory.py's)
+    kw = dict(tp=1, util=0.85, max_model_len=2048, entrypoint="llm", max_num_seqs=128, strict=False,
+              vllm_version="0.33.0")
     h, f = plan_memory(t, None, gpu, **kw), plan_memory(full, None, gpu, **kw)
     # Same pool; hybrid blocks hold 21 layers (one per group), full blocks 42.
     assert h.kv_pool_gib == f.kv_pool_gib and abs(h.kv_blocks - 2 * f.kv_blocks) <= 1
@@ -84,7 +86,8 @@ def test_sliding_window_target_memory_differs_from_all_full_as_vllm_source_says(
     assert abs(h.kv_tokens / f.kv_tokens - 256 / 257) < 1e-3
     # Gemma-3-12b at its full context: the five sliding groups keep only window - 1 + 2 x T tokens.
     g3 = resolve_model("Gemma-3-12b")
-    kw3 = dict(tp=1, util=0.9, max_model_len=131072, entrypoint="serve", max_num_seqs=16, strict=False)
+    kw3 = dict(tp=1, util=0.9, max_model_len=131072, entrypoint="serve", max_num_seqs=16, strict=False,
+               vllm_version="0.33.0")
     h3, f3 = plan_memory(g3, None, gpu, **kw3), plan_memory(dataclasses.replace(g3, layer_types=""), None, gpu, **kw3)
     T = h3.max_num_batched_tokens
     assert h3.kv_blocks_per_request == 8192 + 5 * (cdiv(min(1023 + 2 * T, 131072), 16) + 1)

@@ -666,8 +666,9 @@ def test_graph_limit_note_says_where_the_prior_prices_an_eager_verify():
     assert any(GRAPH_LIMIT_MARK in n for n in prior.notes)
     calibrated = step_cost_model(t, d, "H200", batches=(1, 128), vllm_version="0.26")
     assert calibrated.source.startswith("calibrated") and not any(GRAPH_LIMIT_MARK in n for n in calibrated.notes)
+    # 0.33 named: the version whose prior prices this pair (0.34, the default, reads 0.26's table of it).
     out = subprocess.run(DRAFTFIT + ["rank", "--target", "Qwen1.5-MoE-A2.7B", "--gpu", "H200", "--batch", "1,128",
-                                     "--json"], capture_output=True, text=True, timeout=120)
+                                     "--vllm-version", "0.33.0", "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["candidates"]
     row = next(r for r in rows if r["draft"] == "Qwen1.5-0.5B")

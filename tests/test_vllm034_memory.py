@@ -164,3 +164,10 @@ def test_034_phases_are_preregistered_and_never_select_runner_v1():
             assert e["id"] in committed
             assert (e.get("env") or {}).get("VLLM_USE_V2_MODEL_RUNNER") not in ("0", 0)
     assert {p["method"] for p in steps} == {"draft_model", "eagle3", "ngram"}
+
+
+def test_034_sliding_window_groups_follow_block_64():
+    # Gemma-2-9b at 2048 tokens: 2048/64 = 32 full-layer blocks + cdiv(min(4095 + in-flight, 2048), 64) + 1 = 33
+    # sliding-layer blocks per request (0.33, 16-token blocks: 128 + 129).
+    p = _plan("Gemma-2-9b", util=0.85, vllm_version="0.34.0")
+    assert p.block_size == 64 and p.kv_blocks_per_request == 32 + 33

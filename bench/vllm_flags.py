@@ -32,7 +32,12 @@ def _dataclass_fields(path: Path, classes: tuple[str, ...]) -> list[str]:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
                     name = item.target.id
                     ann = ast.unparse(item.annotation)
-                    if not name.startswith("_") and "ClassVar" not in ann and "InitVar" not in ann:
+                    # field(init=False) is computed by vLLM, not a key a user may pass (0.34's SpeculativeConfig
+                    # declares several): passing one is an error, so it is not listed.
+                    no_init = (isinstance(item.value, ast.Call) and ast.unparse(item.value.func).endswith("field")
+                               and any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False
+                                       for k in item.value.keywords))
+                    if not name.startswith("_") and "ClassVar" not in ann and "InitVar" not in ann and not no_init:
                         out.append(name)
     return out
 

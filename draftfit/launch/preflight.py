@@ -16,7 +16,7 @@ from draftfit.layout import build_layout
 from draftfit.memory.plan import GPU_VERSION_RULES
 from draftfit.pipeline import evaluate_pair, resolve_drafter
 from draftfit.rules import best_k, worth_speculating
-from draftfit.vllm_version import installed_vllm_version, parse_version
+from draftfit.engine.versions import installed_vllm_version, parse_version
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 HEADROOM_WARN_GIB = 1.0
@@ -41,7 +41,7 @@ class PreflightReport:
     max_model_len: int | None = None  # the context the checks assumed
     decision: str = ""  # the pipeline's verdict on the pair: speculate | don't | incompatible | does not fit
     vllm_version: str = ""  # the vLLM the memory and step-cost checks are for (Layout.vllm_version_used)
-    vllm_modelled: str = ""  # the modelled version standing for it (vllm_version.MODELLED)
+    vllm_modelled: str = ""  # the modelled version standing for it (engine.versions.MODELLED)
 
     @property
     def exit_code(self) -> int:

@@ -48,7 +48,7 @@ from draftfit.catalog.specs import (GpuSpec, layer_kinds, linear_layer_params_of
 from draftfit.errors import require
 from draftfit.locks import heavy_lock
 from draftfit.paths import DATA_DIR
-from draftfit.vllm_version import modelled_version, resolve_vllm_version
+from draftfit.engine.versions import modelled_version, resolve_vllm_version
 
 GIB = 1024**3
 MIB = 1024**2
@@ -240,6 +240,10 @@ GPU_VERSION_RULES = {
         hybrid_runner="v2",
     ),
 }
+# vLLM 0.34 (engine/rules.py VLLM_RULES["0.34"]): runners, batch defaults and async as 0.33. Its KV sizing from
+# measured memory, default util and block size 64 are MEM34's arithmetic (merged separately); until then a 0.34
+# plan follows 0.33's estimate path, which 0.34 itself runs with --no-enable-extensible-kv-cache.
+GPU_VERSION_RULES["0.34"] = dataclasses.replace(GPU_VERSION_RULES["0.33"], version="0.34.0")
 
 
 def accounting(vllm_version: str | None = None) -> tuple[GpuAccounting, str]:

@@ -42,7 +42,8 @@ from draftfit.memory.plan import (accounting, attention_bytes_per_param, linear_
                                   model_runner, weights_bytes_per_rank as weights_bytes_per_rank_plan)
 from draftfit.launch.flags import flag_list
 from draftfit.speedup.loop_factor import draft_loop_factor
-from draftfit.vllm_version import modelled_version
+from draftfit.engine.rules import VLLM_RULES
+from draftfit.engine.versions import modelled_version
 
 # Fractions of the data-sheet numbers a decode step reaches. Bandwidth: a device-to-device copy on the lent
 # H200 moved ~4.3 TB/s against 4.8 on the sheet (/work/.library/device/KINDS.md); decode GEMVs reach a bit
@@ -808,9 +809,12 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         notes.append(f"vLLM {ov['vllm_version']} runs draft_model on its V2 model runner, whose draft passes run "
                      f"without CUDA graphs ({ov.get('draft_layer_ms', 0):.2f} ms of host time per draft layer fitted, "
                      f"0.26: {fitted_overheads(calibration_dir)['draft_layer_ms']:.2f}); on one H200 Llama-3.1-8B + "
-                     f"Llama-3.2-1B and Qwen3-8B + Qwen3-0.6B lost at every batch and K measured (0.16-0.85x). "
-                     f"VLLM_USE_V2_MODEL_RUNNER=0 selects the V1 runner (0.26's CUDA-graphed draft loop); draftfit "
-                     f"has not measured that under vLLM {ov['vllm_version']}")
+                     f"Llama-3.2-1B and Qwen3-8B + Qwen3-0.6B lost at every batch and K measured (0.16-0.85x)."
+                     + (f" VLLM_USE_V2_MODEL_RUNNER=0 selects the V1 runner (0.26's CUDA-graphed draft loop); draftfit "
+                        f"has not measured that under vLLM {ov['vllm_version']}"
+                        # 0.34 removed V1: the setting is a start-up error there (engine/rules.py env_errors).
+                        if VLLM_RULES[modelled_version(vllm_version or ov['vllm_version'])[0]].v1_runner_selectable
+                        else ""))
     # Which vLLM the step costs stand for: the tables read, or those the prior's overheads were fitted on.
     versions = sorted({x.modelled_vllm for x in tables} if tables else {ov.get("vllm_version", DEFAULT_TABLE_VLLM)})
     used = ", ".join(versions)

@@ -3,7 +3,7 @@
     pip download --no-deps vllm==0.33.0 -d /tmp/v033 && cd /tmp/v033 && unzip -q vllm-*.whl 'vllm/*'
     .venv/bin/python bench/vllm_flags.py /tmp/v033/vllm 0.33.0
 
-writes draftfit/data/vllm_flags/vllm-<major.minor>.json, which draftfit.launch.flags reads to keep serve-cmd and
+writes draftfit/data/vllm_flags/vllm-<major.minor>.json, which draftfit.engine.flags reads to keep serve-cmd and
 launch-script to the flags that version has. Static reading only (the wheel is never imported):
 - engine/arg_utils.py: every `add_argument("--flag", ...)` (EngineArgs.add_cli_args);
 - the frontend dataclasses (entrypoints/openai/cli_args.py in 0.26, entrypoints/common/cli_args.py in 0.33):

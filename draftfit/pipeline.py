@@ -5,6 +5,7 @@ stage, and every rule they share (best K, the worth-it threshold, the K schedule
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from draftfit.acceptance.prior import AcceptanceEstimate, measured_acceptance, prior_acceptance
@@ -138,6 +139,54 @@ def _kv_group_verdict(target: ModelSpec, draft: ModelSpec, tp: int,
          "context), use vLLM >= 0.31 (--vllm-version), or a draft whose layers are all full attention")
 
 
+_PICK = re.compile(r"^(pick a draft with [^:]*: )(.*)$")
+
+
+def _options(fix: str) -> list[str]:
+    """The "; "-separated options of a fix text, not splitting inside parentheses."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(fix):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and fix.startswith("; ", i):
+            out.append(fix[start:i])
+            start = i + 2
+    return out + [fix[start:]]
+
+
+def _checked_vocab_fix(target: ModelSpec, draft: ModelSpec, fix: str | None, tp: int,
+                       vllm_version: str | None) -> str | None:
+    """The vocab refusal's fix, each option passed through the same start-up rules as the pair itself (issue 38:
+    Gemma-3-27b + Gemma-3-1b on 0.26 pointed at drafts and a padded draft that die there on KV-cache groups): a
+    proposed draft that vLLM would not start is dropped; a padded/trimmed draft keeps the pair's layers, so it
+    carries the pair's own start-up fix; a speculative-config key this version removed is not proposed."""
+    if not fix:
+        return fix
+    rules = VLLM_RULES[resolve_vllm_version(vllm_version)[1]]
+    out = []
+    for part in _options(fix):
+        if "use_heterogeneous_vocab" in part and "use_heterogeneous_vocab" in rules.removed_spec_keys:
+            continue
+        m = _PICK.match(part)
+        if m:
+            ok = []
+            for name in m.group(2).split(", "):
+                try:
+                    alt = resolve_model(name, allow_hub=False)
+                except DraftfitError:
+                    continue
+                if _vllm_verdict(target, alt, _compat(target, alt), tp, vllm_version)[0]:
+                    ok.append(name)
+            if not ok:
+                continue
+            part = m.group(1) + ", ".join(ok)
+        elif part.startswith(("pad the draft", "trim the draft")) or "use_heterogeneous_vocab" in part:
+            groups = _kv_group_verdict(target, draft, tp, vllm_version)
+            if groups is not None and not groups[0]:
+                part += f" (then, as the same layers: {groups[2]})"
+        out.append(part)
+    return "; ".join(out) if out else None
+
+
 def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp: int,
                   vllm_version: str | None = None) -> tuple[bool, str, str | None]:
     """Whether vLLM accepts and starts the pair, and the fix when not. The rules vLLM applies are its own:
@@ -169,7 +218,8 @@ def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp:
     if not compat.vllm_accepts or draft.vocab_size != target.vocab_size:
         return False, (f"vLLM refuses the pair: vocab_size {target.vocab_size} (target) vs {draft.vocab_size} "
                        "(draft); draft_model checks that they are equal"), \
-            compat.fix or "pick a draft with the target's vocab_size (same family and size class)"
+            _checked_vocab_fix(target, draft, compat.fix, tp, vllm_version) or \
+            "pick a draft with the target's vocab_size (same family and size class)"
     if draft.num_attention_heads % tp:
         return False, f"{draft.name}'s {draft.num_attention_heads} attention heads do not divide TP={tp}", \
             "use a TP that divides both models' heads"

@@ -12,7 +12,7 @@ from draftfit.calibration.tables import find_tables, table_filename
 from draftfit.catalog.specs import GpuSpec, method_drafter, resolve_gpu, resolve_model, spec_from_config
 from draftfit.cli import cli
 from draftfit.errors import DraftfitError
-from draftfit.launch.flags import flag_list, keep_known
+from draftfit.engine.flags import flag_list, keep_known
 from draftfit.launch.serve import serve_command
 from draftfit.layout import build_layout
 from draftfit.memory.plan import (GPU_VERSION_RULES, SYNTHETIC_TARGET_CONFIG, _cudagraph_bytes, capture_sizes,
@@ -263,7 +263,7 @@ def test_every_flag_draftfit_writes_exists_in_that_version(modelled, target, dra
 
 
 def test_flags_a_version_lacks_are_dropped_with_a_note_and_essentials_refused(monkeypatch):
-    from draftfit.launch import flags as fl
+    from draftfit.engine import flags as fl
 
     argv = ["vllm", "serve", "m", "--calculate-kv-scales", "--max-model-len", "4096", "--speculative-config", "{}"]
     spec = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4, "fly_window_size": 8}
@@ -283,7 +283,7 @@ def test_flags_a_version_lacks_are_dropped_with_a_note_and_essentials_refused(mo
 
 
 def test_flag_lists_are_small_data_files_with_their_command():
-    folder = Path(__import__("draftfit.launch.flags", fromlist=["FLAGS_DIR"]).FLAGS_DIR)
+    folder = Path(__import__("draftfit.engine.flags", fromlist=["FLAGS_DIR"]).FLAGS_DIR)
     files = sorted(p.name for p in folder.glob("*.json"))
     assert files == [f"vllm-{m}.json" for m in MODELLED]
     assert all(p.stat().st_size < 64_000 for p in folder.glob("*.json"))

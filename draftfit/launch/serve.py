@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from draftfit.acceptance.method_prior import NGRAM_LOOKUP
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, resolve_model
 from draftfit.errors import DraftfitError
-from draftfit.launch.flags import checked_version, keep_known
+from draftfit.engine.flags import checked_version, keep_known
 from draftfit.engine.versions import (MODELLED, installed_gpu_vllm_version, installed_vllm_dist, modelled_version,
                                    parse_version)
 

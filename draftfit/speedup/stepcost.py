@@ -40,7 +40,7 @@ from draftfit.paths import cache_dir, read_json, write_json_atomic
 from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer_params_of, resolve_gpu
 from draftfit.memory.plan import (accounting, attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
                                   model_runner, weights_bytes_per_rank as weights_bytes_per_rank_plan)
-from draftfit.launch.flags import flag_list
+from draftfit.engine.flags import flag_list
 from draftfit.speedup.loop_factor import draft_loop_factor
 from draftfit.engine.rules import VLLM_RULES
 from draftfit.engine.versions import modelled_version

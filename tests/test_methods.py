@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from draftfit.errors import DraftfitError
 from click.testing import CliRunner
 
 from draftfit.cli import cli
+from draftfit.errors import DraftfitError
 from draftfit.layout import build_layout
 from draftfit.pipeline import evaluate_pair
 

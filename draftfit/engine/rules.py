@@ -30,7 +30,9 @@ class VllmRules:
     # init_cudagraph_manager/capture are `pass` (eager); 0.34: autoregressive/cudagraph_utils.py captures it.
     # Same name and meaning as memory/plan.py GpuAccounting.drafter_cudagraphs.
     drafter_cudagraphs: bool = False
-    # The first draft pass overlaps the verify (speedup/stepcost.py FIRST_DRAFT_PASS_HIDDEN, fitted per version).
+    # The first draft pass overlaps the verify (speedup/stepcost.py draft_passes_ms; chosen per version by which
+    # fits its H200 tables: 0.26 True, 0.33 False). 0.34 (graphed loop, first pass a K+2-token prefill graph) is
+    # not measured: False, every pass charged, until its tables say otherwise.
     first_draft_pass_hidden: bool = True
     # Capture sizes: V1 rounds every size up to a multiple of 1+K (config/compilation.py
     # adjust_cudagraph_sizes_for_spec_decode, 0.26); V2 appends n x (1+K) decode sizes (config/vllm.py

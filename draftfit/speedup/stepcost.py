@@ -445,7 +445,8 @@ def _loop_factor(target, draft, overheads: dict, loop_factor: float | None) -> f
 # (v1/worker/gpu/spec_decode/standalone_ar/speculator.py: init_cudagraph_manager and capture are `pass`, every
 # pass built with CUDAGraphMode.NONE) runs all K passes eagerly, the first a prefill over the verified tokens, so
 # each pays its host launch time; its H200 tables fit better with K passes charged than with K-1.
-FIRST_DRAFT_PASS_HIDDEN = {"0.26": True, "0.33": False}
+# Declared per version in engine/rules.py (VllmRules.first_draft_pass_hidden); this view keeps the old name.
+FIRST_DRAFT_PASS_HIDDEN = {m: r.first_draft_pass_hidden for m, r in VLLM_RULES.items()}
 
 
 def first_pass_hidden(overheads: dict | None) -> bool:

@@ -30,16 +30,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftfit.engine.metrics import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS
 from draftfit.errors import DraftfitError
 from draftfit.acceptance.measure.prompts import encode_chat, load_prompts
 from draftfit.acceptance.method_prior import NGRAM_LOOKUP
 from draftfit.compat.tokenizers import check_pair
 from draftfit.catalog.specs import NO_MODEL_METHODS, resolve_model
 
-METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
-METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-METRIC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+METRIC_DRAFTS, METRIC_DRAFT_TOKENS, METRIC_ACCEPTED, METRIC_PER_POS = DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS
 
 
 class MeasurementFailed(DraftfitError):

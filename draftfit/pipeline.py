@@ -13,7 +13,8 @@ from draftfit.acceptance.method_prior import method_acceptance
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, method_drafter, resolve_model
 from draftfit.compat.tokenizers import CompatReport, catalog_verdict, check_pair
 from draftfit.errors import DraftfitError
-from draftfit.launch.serve import ServeCommand, serve_command, speculative_method
+from draftfit.launch.serve import ServeCommand, serve_command
+from draftfit.engine.methods import speculative_method
 from draftfit.layout import Layout
 from draftfit.memory.plan import ONLINE_QUANTIZATIONS, MemoryPlan, kv_cache_groups, plan_memory
 from draftfit.rules import K_VALUES, NO_SPECULATION_BELOW, PLAN_K, best_k, best_k_for_mix, worth_speculating

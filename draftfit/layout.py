@@ -20,7 +20,7 @@ from draftfit.memory.plan import plan_memory
 from draftfit.rules import K_MAX, TP_CHOICES, WORKLOADS
 from draftfit.speedup.stepcost import untuned_moe_note
 from draftfit.engine import EngineTarget, check_version, resolve_target
-from draftfit.engine.versions import MODELLED, parse_version, resolve_vllm_version
+from draftfit.engine.versions import MODELLED, resolve_vllm_version
 
 DEFAULT_GPU = "H100-80GB"
 DEFAULT_UTIL = 0.9

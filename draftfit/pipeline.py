@@ -151,7 +151,15 @@ def _options(fix: str) -> list[str]:
         if depth == 0 and fix.startswith("; ", i):
             out.append(fix[start:i])
             start = i + 2
-    return out + [fix[start:]]
+    out.append(fix[start:])
+    # "...; expect low acceptance" qualifies the option before it, not an option of its own.
+    merged: list[str] = []
+    for part in out:
+        if merged and part.startswith("expect "):
+            merged[-1] += "; " + part
+        else:
+            merged.append(part)
+    return merged
 
 
 def _checked_vocab_fix(target: ModelSpec, draft: ModelSpec, fix: str | None, tp: int,
@@ -215,7 +223,8 @@ def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp:
                       else "EAGLE head trained for this target"), None
     if compat.verdict == "incompatible":
         return False, "the tokenizers differ: the draft's token ids mean other text than the target's", \
-            compat.fix or "pick a draft of the target's tokenizer family"
+            _checked_vocab_fix(target, draft, compat.fix, tp, vllm_version) or \
+            "pick a draft of the target's tokenizer family"
     if not compat.vllm_accepts or draft.vocab_size != target.vocab_size:
         return False, (f"vLLM refuses the pair: vocab_size {target.vocab_size} (target) vs {draft.vocab_size} "
                        "(draft); draft_model checks that they are equal"), \
@@ -277,6 +286,8 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
     d = resolve_drafter(target, draft)
     compat = _compat(target, d)
     runs, why, vfix = _vllm_verdict(target, d, compat, layout.tp, layout.vllm_version)
+    if compat.fix:  # the tokenizer fix is printed too (preflight, rank): it passes the same start-up rules
+        compat = replace(compat, fix=_checked_vocab_fix(target, d, compat.fix, layout.tp, layout.vllm_version))
     memory, mem_err, mem_fix = None, "", None
     if layout.gpu is not None:
         try:

@@ -86,3 +86,11 @@ def test_a_fix_proposing_another_pair_passes_the_same_rules():
     assert "Gemma-3-4b" in fix34 and "use_heterogeneous_vocab" not in fix34
     for name in ("Gemma-3-4b", "Gemma-3-12b"):
         assert vllm_verdict(t, resolve_model(name), vllm_version="0.34.0")[0]
+
+
+def test_the_printed_tokenizer_fix_proposes_no_key_the_version_removed():
+    """preflight and rank print the tokenizer report's fix: on 0.34 it must not propose use_heterogeneous_vocab."""
+    for version, present in (("0.34.0", False), ("0.33.0", True)):
+        out = CliRunner().invoke(cli, ["preflight", "Llama-3.1-8B", "Qwen3-0.6B", "--vllm-version", version, "--json"])
+        assert out.exit_code == 2
+        assert ("use_heterogeneous_vocab" in out.output) is present, version

@@ -16,7 +16,9 @@ from draftfit.layout import build_layout
 from draftfit.memory.plan import GPU_VERSION_RULES
 from draftfit.pipeline import evaluate_pair, resolve_drafter
 from draftfit.rules import best_k, worth_speculating
-from draftfit.engine.versions import installed_vllm_version, parse_version
+from draftfit.engine.methods import speculative_method
+from draftfit.engine.rules import VLLM_RULES
+from draftfit.engine.versions import MODELLED, installed_vllm_version, modelled_version, parse_version
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 HEADROOM_WARN_GIB = 1.0
@@ -197,7 +199,16 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
     where = "requested" if vllm_version else "installed"
     if not version:
         add(Check("vLLM version", WARN, "vLLM is not installed here", "install vLLM >= 0.15 where you serve"))
-    else:
+    elif parse_version(version)[:2] >= parse_version(MODELLED[0]):
+        # A modelled version (or one mapped to it): what it does is its VllmRules, the same the pipeline read.
+        rules = VLLM_RULES[modelled_version(version)[0]]
+        method = speculative_method(draft)
+        runner = rules.runner.get(method)
+        add(Check("vLLM version", PASS, f"vLLM {version} ({where}) runs method {method}"
+                  + (f" on its {runner.upper()} model runner" if runner else "")
+                  + (" when the arctic-inference package is installed" if method == "suffix"
+                     and rules.suffix_needs_arctic_inference else "")))
+    else:  # only an installed vLLM reaches here: a requested one this old is refused (engine.check_version)
         v = parse_version(version)
         if draft.method in NO_MODEL_METHODS:
             ok = v >= (0, 8)

@@ -117,7 +117,7 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
         add(Check("tokenizer", FAIL, f"incompatible ({rep.source}): {first}",
                   rep.fix or "pick a draft with the target's tokenizer"))
     if "KV-cache group" in ev.vllm_reason:
-        # The vocab rule held; what vLLM does with the draft's KV-cache groups decides (pipeline._vllm_verdict).
+        # The vocab rule held; what vLLM does with the draft's KV-cache groups decides (compat/vllm_accepts.py _vllm_verdict).
         add(Check("vLLM vocab rule", PASS, "vLLM accepts the vocabularies (equal vocab_size)"))
         add(Check("vLLM KV-cache groups", PASS if ev.vllm_runs else FAIL, ev.vllm_reason,
                   None if ev.vllm_runs else dec.fix))

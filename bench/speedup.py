@@ -62,7 +62,7 @@ def evaluate(tables, vllm_version: str | None = None) -> dict:
     correction is 0.26's alone (calibration.tables.tables_of_version: it is trained on 0.26 tables)."""
     from draftfit.calibration.tables import DEFAULT_TABLE_VLLM, PooledSteps, tables_of_version
     from draftfit.speedup.stepcost import fitted_overheads
-    from draftfit.vllm_version import modelled_version
+    from draftfit.engine.versions import modelled_version
 
     cases, best_cases = [], []
     version_tables = tables_of_version(tables, vllm_version)
@@ -625,7 +625,7 @@ def plot_held_out(result: dict, out_dir: Path) -> list[Path]:
 def render_versions(tables) -> str:
     """The same leave-one-configuration-out on each modelled vLLM's own tables, side by side (issue 17)."""
     from draftfit.calibration.tables import tables_of_version
-    from draftfit.vllm_version import MODELLED
+    from draftfit.engine.versions import MODELLED
 
     rows, per_cfg = [], []
     for v in MODELLED:

@@ -3,7 +3,7 @@
     pip download --no-deps vllm==0.33.0 -d /tmp/v033 && cd /tmp/v033 && unzip -q vllm-*.whl 'vllm/*'
     .venv/bin/python bench/vllm_flags.py /tmp/v033/vllm 0.33.0
 
-writes draftfit/data/vllm_flags/vllm-<major.minor>.json, which draftfit.launch.flags reads to keep serve-cmd and
+writes draftfit/data/vllm_flags/vllm-<major.minor>.json, which draftfit.engine.flags reads to keep serve-cmd and
 launch-script to the flags that version has. Static reading only (the wheel is never imported):
 - engine/arg_utils.py: every `add_argument("--flag", ...)` (EngineArgs.add_cli_args);
 - the frontend dataclasses (entrypoints/openai/cli_args.py in 0.26, entrypoints/common/cli_args.py in 0.33):
@@ -32,7 +32,12 @@ def _dataclass_fields(path: Path, classes: tuple[str, ...]) -> list[str]:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
                     name = item.target.id
                     ann = ast.unparse(item.annotation)
-                    if not name.startswith("_") and "ClassVar" not in ann and "InitVar" not in ann:
+                    # field(init=False) is computed by vLLM, not a key a user may pass (0.34's SpeculativeConfig
+                    # declares several): passing one is an error, so it is not listed.
+                    no_init = (isinstance(item.value, ast.Call) and ast.unparse(item.value.func).endswith("field")
+                               and any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False
+                                       for k in item.value.keywords))
+                    if not name.startswith("_") and "ClassVar" not in ann and "InitVar" not in ann and not no_init:
                         out.append(name)
     return out
 

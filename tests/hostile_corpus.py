@@ -142,7 +142,7 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("rank", rank, "--explain", ["NoSuchDraft", ""])
     b.option("rank", rank, "--candidates", [",", ",,", "NoSuchModel", "{tmp}/path-nonexistent"],
              files=("path-nonexistent",))
-    b.option("rank", rank, "--vllm-version", ["banana", "", "1..2", "-1"])
+    b.option("rank", rank, "--vllm-version", ["banana", "", "1..2", "-1", "0.0", "0.0.0", "0.6.0", "0.10.0"])
     b.option("rank", rank, "--workload", ["poetry", *NEAR_WORKLOADS])
     b.option("rank", rank, "--max-num-seqs", _pick(I, skip={"empty"}))
     b.option("rank", rank, "--quantization", ["magic", ""])
@@ -164,7 +164,7 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("memory", mem, "--kv-cache-dtype", ["fp4"])
     b.option("memory", mem, "--quantization", ["magic"])
     b.option("memory", mem, "--entrypoint", ["grpc"])
-    b.option("memory", mem, "--vllm-version", ["banana", "", "1..2"])
+    b.option("memory", mem, "--vllm-version", ["banana", "", "1..2", "0.0", "0.6.0"])
 
     # ------------------------------------------------------------------ measure (local folders; heavy guarded)
     meas_files = ("good-model", "good-draft", "store-dir")
@@ -344,7 +344,7 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("preflight", pf, "--temperature", ["-1", "nan", "inf", "x"])
     b.option("preflight", pf, "--quantization", ["magic", ""])
     b.option("preflight", pf, "--kv-cache-dtype", ["fp4"])
-    b.option("preflight", pf, "--vllm-version", ["banana"])
+    b.option("preflight", pf, "--vllm-version", ["banana", "0.0", "0.10.0"])
     b.option("preflight", [*pf[:3]], "--gpu", ["NoSuchGPU", ""])
     b.add("preflight-target-NoSuchModel", ["preflight", "NoSuchModel", M_D])
     b.add("preflight-draft-NoSuchModel", ["preflight", M_T, "NoSuchModel"])

@@ -137,11 +137,11 @@ def test_rank_never_shows_a_multi_group_draft_as_runnable():
 def test_check_says_vllm_fails_at_start_up(monkeypatch):
     # `check` judges the default vLLM: an installed GPU vLLM, else the newest modelled (0.33, whose V2 draft_model
     # runner handles several KV-cache groups); pinned to an installed 0.26 here, where the start-up fails.
-    monkeypatch.setattr("draftfit.vllm_version.installed_gpu_vllm_version", lambda: "0.26.0")
+    monkeypatch.setattr("draftfit.engine.versions.installed_gpu_vllm_version", lambda: "0.26.0")
     res = CliRunner().invoke(cli, ["check", "Gemma-2-9b", "Gemma-2-2b", "--catalog-only", "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["vllm_starts"] is False and "kv cache group" in data["vllm_reason"] and data["vllm_fix"]
-    monkeypatch.setattr("draftfit.vllm_version.installed_gpu_vllm_version", lambda: None)
+    monkeypatch.setattr("draftfit.engine.versions.installed_gpu_vllm_version", lambda: None)
     newest = json.loads(CliRunner().invoke(cli, ["check", "Gemma-2-9b", "Gemma-2-2b", "--catalog-only", "--json"]).output)
     assert newest["vllm_starts"] is True and "V2 draft_model runner" in newest["vllm_reason"]

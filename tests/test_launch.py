@@ -14,7 +14,7 @@ from draftfit.catalog.specs import resolve_model
 from draftfit.cli import cli
 from draftfit.launch.script import launch_script
 from draftfit.launch.serve import serve_command
-from draftfit.vllm_version import parse_version
+from draftfit.engine.versions import parse_version
 
 TARGET, DRAFT = "Qwen2.5-Coder-1.5B", "Qwen2.5-Coder-0.5B"
 

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from draftfit.cli import cli
+from draftfit.errors import DraftfitError
 from draftfit.layout import build_layout
 from draftfit.pipeline import evaluate_pair
 
@@ -67,7 +68,10 @@ def test_rank_lists_ngram_and_suffix_rows_with_their_sources():
 def test_suffix_prior_only_where_the_chosen_vllm_has_suffix_decoding():
     ev = evaluate_pair(build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192, workload="code"), "suffix")
     assert ev.acceptance.source == "replay:suffix on code" and ev.decision.action == "speculate"
-    assert "arctic-inference" in ev.vllm_reason  # vLLM refuses method suffix without the package
-    old = evaluate_pair(build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192, workload="code",
-                                     vllm_version="0.11.0"), "suffix")
-    assert not old.vllm_runs and old.decision.action == "incompatible" and "0.11.1" in old.decision.fix
+    assert "native GPU suffix speculator" in ev.vllm_reason  # 0.34, the default: no arctic-inference
+    v33 = evaluate_pair(build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192, workload="code",
+                                     vllm_version="0.33.0"), "suffix")
+    assert "arctic-inference" in v33.vllm_reason  # 0.33 refuses method suffix without the package
+    # A vLLM older than the oldest modelled (0.26) is refused at the layout: no verdict for versions not modelled.
+    with pytest.raises(DraftfitError, match="older than the oldest"):
+        build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192, workload="code", vllm_version="0.11.0")

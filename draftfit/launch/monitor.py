@@ -22,17 +22,12 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from draftfit.engine.metrics import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, V0_EFFICIENCY, V0_RATE
 from draftfit.errors import DraftfitError
 from draftfit.pipeline import evaluate_pair
 from draftfit.rules import best_k
 from draftfit.speedup.predict import analytic_speedup
 
-DRAFTS = "vllm:spec_decode_num_drafts"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-V0_RATE = "vllm:spec_decode_draft_acceptance_rate"
-V0_EFFICIENCY = "vllm:spec_decode_efficiency"
 # Draft step cost relative to one target decode step when nothing better is known: a draft ~1/10-1/20 of
 # the target's size, memory-bound, plus launch overhead.
 DEFAULT_COST_RATIO = 0.1

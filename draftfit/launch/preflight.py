@@ -16,7 +16,9 @@ from draftfit.layout import build_layout
 from draftfit.memory.plan import GPU_VERSION_RULES
 from draftfit.pipeline import evaluate_pair, resolve_drafter
 from draftfit.rules import best_k, worth_speculating
-from draftfit.vllm_version import installed_vllm_version, parse_version
+from draftfit.engine.methods import speculative_method
+from draftfit.engine.rules import VLLM_RULES
+from draftfit.engine.versions import MODELLED, installed_vllm_version, modelled_version, parse_version
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 HEADROOM_WARN_GIB = 1.0
@@ -41,7 +43,7 @@ class PreflightReport:
     max_model_len: int | None = None  # the context the checks assumed
     decision: str = ""  # the pipeline's verdict on the pair: speculate | don't | incompatible | does not fit
     vllm_version: str = ""  # the vLLM the memory and step-cost checks are for (Layout.vllm_version_used)
-    vllm_modelled: str = ""  # the modelled version standing for it (vllm_version.MODELLED)
+    vllm_modelled: str = ""  # the modelled version standing for it (engine.versions.MODELLED)
 
     @property
     def exit_code(self) -> int:
@@ -115,7 +117,7 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
         add(Check("tokenizer", FAIL, f"incompatible ({rep.source}): {first}",
                   rep.fix or "pick a draft with the target's tokenizer"))
     if "KV-cache group" in ev.vllm_reason:
-        # The vocab rule held; what vLLM does with the draft's KV-cache groups decides (pipeline._vllm_verdict).
+        # The vocab rule held; what vLLM does with the draft's KV-cache groups decides (compat/vllm_accepts.py _vllm_verdict).
         add(Check("vLLM vocab rule", PASS, "vLLM accepts the vocabularies (equal vocab_size)"))
         add(Check("vLLM KV-cache groups", PASS if ev.vllm_runs else FAIL, ev.vllm_reason,
                   None if ev.vllm_runs else dec.fix))
@@ -197,7 +199,16 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
     where = "requested" if vllm_version else "installed"
     if not version:
         add(Check("vLLM version", WARN, "vLLM is not installed here", "install vLLM >= 0.15 where you serve"))
-    else:
+    elif parse_version(version)[:2] >= parse_version(MODELLED[0]):
+        # A modelled version (or one mapped to it): what it does is its VllmRules, the same the pipeline read.
+        rules = VLLM_RULES[modelled_version(version)[0]]
+        method = speculative_method(draft)
+        runner = rules.runner.get(method)
+        add(Check("vLLM version", PASS, f"vLLM {version} ({where}) runs method {method}"
+                  + (f" on its {runner.upper()} model runner" if runner else "")
+                  + (" when the arctic-inference package is installed" if method == "suffix"
+                     and rules.suffix_needs_arctic_inference else "")))
+    else:  # only an installed vLLM reaches here: a requested one this old is refused (engine.check_version)
         v = parse_version(version)
         if draft.method in NO_MODEL_METHODS:
             ok = v >= (0, 8)

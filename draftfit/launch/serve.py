@@ -16,10 +16,11 @@ import shlex
 from dataclasses import dataclass, field
 
 from draftfit.acceptance.method_prior import NGRAM_LOOKUP
+from draftfit.engine.methods import speculative_config, speculative_method
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, resolve_model
 from draftfit.errors import DraftfitError
-from draftfit.launch.flags import checked_version, keep_known
-from draftfit.vllm_version import (MODELLED, installed_gpu_vllm_version, installed_vllm_dist, modelled_version,
+from draftfit.engine.flags import checked_version, keep_known
+from draftfit.engine.versions import (MODELLED, installed_gpu_vllm_version, installed_vllm_dist, modelled_version,
                                    parse_version)
 
 V1_DRAFT_MODEL_SINCE = (0, 15)
@@ -86,14 +87,6 @@ def model_ref(spec: ModelSpec) -> str:
 
 def _as_spec(m) -> ModelSpec:
     return resolve_model(m) if isinstance(m, str) else m
-
-
-def speculative_method(draft: ModelSpec) -> str:
-    if draft.method in NO_MODEL_METHODS:
-        return draft.method
-    if draft.is_mtp:
-        return "mtp"
-    return "eagle3" if draft.method.startswith("eagle3") else ("eagle" if draft.is_eagle else "draft_model")
 
 
 def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm", vllm_version: str | None = None,
@@ -166,17 +159,8 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
             argv += ["--speculative-draft-tensor-parallel-size", str(tp)]
         notes.append(f"legacy flags for vLLM {version} (< 0.8): --speculative-model/--num-speculative-tokens")
     else:
-        # MTP: the layers are in the target's checkpoint; vLLM's SpeculativeConfig takes the target as the model
-        # when none is given (config/speculative.py, method "mtp").
-        spec_cfg = ({"method": method, "num_speculative_tokens": k} if method in ("mtp", *NO_MODEL_METHODS) else
-                    {"method": method, "model": d_ref, "num_speculative_tokens": k})
-        if method == "ngram":  # the lookup window draftfit predicted with (acceptance.method_prior)
-            spec_cfg["prompt_lookup_min"], spec_cfg["prompt_lookup_max"] = NGRAM_LOOKUP
-        if tp > 1 and method not in NO_MODEL_METHODS:
-            # vLLM accepts 1 or the target's TP; equal TP keeps the draft's shards beside the target's.
-            spec_cfg["draft_tensor_parallel_size"] = tp
-        if k_schedule:
-            spec_cfg["num_speculative_tokens_per_batch_size"] = [list(r) for r in k_schedule]
+        # The one construction measure sends too (engine/methods.py); ngram: the window predicted with.
+        spec_cfg = speculative_config(method, k, model=d_ref, tp=tp, ngram_lookup=NGRAM_LOOKUP, k_schedule=k_schedule)
         argv += ["--speculative-config", json.dumps(spec_cfg)]
         if method == "draft_model" and v and v < V1_DRAFT_MODEL_SINCE:
             env["VLLM_USE_V1"] = "0"

@@ -49,7 +49,7 @@ from draftfit.catalog.specs import (GpuSpec, layer_kinds, linear_layer_params_of
 from draftfit.errors import require
 from draftfit.locks import heavy_lock
 from draftfit.paths import DATA_DIR
-from draftfit.vllm_version import modelled_version, parse_version, resolve_vllm_version
+from draftfit.engine.versions import modelled_version, parse_version, resolve_vllm_version
 
 GIB = 1024**3
 MIB = 1024**2

@@ -41,9 +41,10 @@ from draftfit.catalog.shapes import kv_bytes_per_token
 from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer_params_of, resolve_gpu
 from draftfit.memory.plan import (accounting, attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
                                   model_runner, weights_bytes_per_rank as weights_bytes_per_rank_plan)
-from draftfit.launch.flags import flag_list
+from draftfit.engine.flags import flag_list
 from draftfit.speedup.loop_factor import draft_loop_factor
-from draftfit.vllm_version import modelled_version
+from draftfit.engine.rules import VLLM_RULES
+from draftfit.engine.versions import modelled_version
 
 # Fractions of the data-sheet numbers a decode step reaches. Bandwidth: a device-to-device copy on the lent
 # H200 moved ~4.3 TB/s against 4.8 on the sheet (/work/.library/device/KINDS.md); decode GEMVs reach a bit
@@ -457,7 +458,8 @@ def _loop_factor(target, draft, overheads: dict, loop_factor: float | None) -> f
 # graphs for the first pass and one fused FULL graph for the K-1 decode passes, async scheduling on for every method
 # (config/vllm.py); with no 0.34 table yet it is priced as 0.26's graphed loop (0.26's tables and overheads stand
 # in, band widened by UNCALIBRATED_VERSION_BAND_FACTOR in step_cost_model), never as 0.33's eager one.
-FIRST_DRAFT_PASS_HIDDEN = {"0.26": True, "0.33": False, "0.34": True}
+# Declared per version in engine/rules.py (VllmRules.first_draft_pass_hidden); this view keeps the old name.
+FIRST_DRAFT_PASS_HIDDEN = {m: r.first_draft_pass_hidden for m, r in VLLM_RULES.items()}
 
 
 def first_pass_hidden(overheads: dict | None) -> bool:
@@ -890,9 +892,12 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         notes.append(f"vLLM {ov['vllm_version']} runs draft_model on its V2 model runner, whose draft passes run "
                      f"without CUDA graphs ({ov.get('draft_layer_ms', 0):.2f} ms of host time per draft layer fitted, "
                      f"0.26: {fitted_overheads(calibration_dir)['draft_layer_ms']:.2f}); on one H200 Llama-3.1-8B + "
-                     f"Llama-3.2-1B and Qwen3-8B + Qwen3-0.6B lost at every batch and K measured (0.16-0.85x). "
-                     f"VLLM_USE_V2_MODEL_RUNNER=0 selects the V1 runner (0.26's CUDA-graphed draft loop); draftfit "
-                     f"has not measured that under vLLM {ov['vllm_version']}")
+                     f"Llama-3.2-1B and Qwen3-8B + Qwen3-0.6B lost at every batch and K measured (0.16-0.85x)."
+                     + (f" VLLM_USE_V2_MODEL_RUNNER=0 selects the V1 runner (0.26's CUDA-graphed draft loop); draftfit "
+                        f"has not measured that under vLLM {ov['vllm_version']}"
+                        # 0.34 removed V1: the setting is a start-up error there (engine/rules.py env_errors).
+                        if VLLM_RULES[modelled_version(vllm_version or ov['vllm_version'])[0]].v1_runner_selectable
+                        else ""))
     # Which vLLM the step costs stand for: the tables read, or those the prior's overheads were fitted on.
     versions = sorted({x.modelled_vllm for x in tables} if tables else {ov.get("vllm_version", DEFAULT_TABLE_VLLM)})
     used = ", ".join(versions)

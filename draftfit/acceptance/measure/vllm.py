@@ -30,16 +30,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftfit.engine.methods import speculative_config
+from draftfit.engine.metrics import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS
 from draftfit.errors import DraftfitError
 from draftfit.acceptance.measure.prompts import encode_chat, load_prompts
 from draftfit.acceptance.method_prior import NGRAM_LOOKUP
 from draftfit.compat.tokenizers import check_pair
 from draftfit.catalog.specs import NO_MODEL_METHODS, resolve_model
 
-METRIC_DRAFTS = "vllm:spec_decode_num_drafts"
-METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-METRIC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+METRIC_DRAFTS, METRIC_DRAFT_TOKENS, METRIC_ACCEPTED, METRIC_PER_POS = DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS
 
 
 class MeasurementFailed(DraftfitError):
@@ -173,12 +172,9 @@ def _die_with_parent() -> None:
 def speculative_config_for(req: MeasureRequest) -> dict:
     """vLLM's speculative_config for the drafter: a draft model's folder, or a model-free method keyword (the
     same settings serve-cmd writes, so a measured n-gram run is the one the command would serve)."""
-    if req.draft == "ngram":
-        lo, hi = NGRAM_LOOKUP
-        return {"method": "ngram", "num_speculative_tokens": req.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
-    if req.draft == "suffix":
-        return {"method": "suffix", "num_speculative_tokens": req.k}
-    return {"method": "draft_model", "model": req.draft, "num_speculative_tokens": req.k}
+    if req.draft in ("ngram", "suffix"):
+        return speculative_config(req.draft, req.k, ngram_lookup=NGRAM_LOOKUP)
+    return speculative_config("draft_model", req.k, model=req.draft)
 
 
 def _worker(spec_path: str, messages_path: str) -> None:

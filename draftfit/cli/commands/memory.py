@@ -10,7 +10,7 @@ from draftfit.cli.render import console, emit_json, table
 from draftfit.layout import (DTYPES, MAX_BATCH, check_context, check_float, check_int, check_k, check_name,
                              check_choice, check_tp, check_util, check_vllm_version)
 from draftfit.memory.plan import plan_memory, plan_memory_cpu
-from draftfit.vllm_version import resolve_vllm_version
+from draftfit.engine.versions import resolve_vllm_version
 
 MAX_BATCHED_TOKENS = 2**24  # far above any chunked-prefill budget vLLM is run with
 MAX_CPU_KVCACHE_GIB = 4096.0

@@ -18,7 +18,7 @@ from draftfit.speedup.correction import load_default
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.layout import (KV_CACHE_DTYPES, check_batches, check_choice, check_float, check_int, check_k, check_quantization,
                              check_temperature, check_tp, check_vllm_version, parse_float_list, parse_int_list)
-from draftfit.vllm_version import resolve_vllm_version
+from draftfit.engine.versions import resolve_vllm_version
 
 CLOSED_FORM_K_MAX = 16
 from draftfit.pipeline import acceptance_for, measure_it, resolve_drafter, vllm_verdict

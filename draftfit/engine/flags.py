@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from draftfit.errors import DraftfitError
 from draftfit.paths import PACKAGE_DIR
-from draftfit.vllm_version import MODELLED, modelled_version, parse_version
+from draftfit.engine.versions import MODELLED, modelled_version, parse_version
 
 FLAGS_DIR = PACKAGE_DIR / "data" / "vllm_flags"
 ESSENTIAL_SPEC_KEYS = ("method", "model", "num_speculative_tokens")

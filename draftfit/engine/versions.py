@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-# vLLM versions whose GPU memory accounting, serve flags and start-up rules draftfit mirrors from their source
-# (draftfit/memory/plan.py GPU_VERSION_RULES, draftfit/launch/flags/). Oldest first; any other version is read
-# as the nearest modelled one at or below it (the oldest for anything older), with a note.
+# vLLM versions whose rules draftfit mirrors from their source (draftfit/engine/rules.py VLLM_RULES, serve flags
+# in draftfit/data/vllm_flags/). Oldest first; a version between or above them is read as the nearest modelled one
+# at or below it, with a note; anything older than the oldest is refused (engine.check_version).
 MODELLED = ("0.26", "0.33", "0.34")
 
 

@@ -724,23 +724,66 @@ _SHAPE_FIELDS = ("architecture", "hidden_size", "num_layers", "num_attention_hea
                  "intermediate_size", "vocab_size", "num_experts")
 
 
-def catalog_match(spec: ModelSpec) -> ModelSpec | None:
-    """The catalog entry a folder's config.json describes: same architecture and shapes. Several entries can
-    share a shape (a base and an instruct model, 3.0 and 3.1): the one whose name is closest to the folder's
-    name or hub id wins, then the one with the same context length."""
+@lru_cache(maxsize=1)
+def _tokenizer_markers() -> dict[str, tuple]:
+    """Each tokenizer family's (bos, eos, eos_id) from draftfit/catalogs/tokenizers.yaml: what tells apart two
+    catalog models that share every shape (Llama-3.1-8B and DeepSeek-R1-Distill-Llama-8B)."""
+    import yaml
+
+    data = yaml.load((CATALOG_DIR / "tokenizers.yaml").read_text(), Loader=_yaml_loader()) or {}
+    return {k: (v.get("bos"), v.get("eos"), v.get("eos_id")) for k, v in (data.get("tokenizers") or {}).items()
+            if isinstance(v, dict)}
+
+
+def _folder_markers(folder: str, config: dict) -> tuple[set[str], set[int]]:
+    """The special tokens a folder's tokenizer_config.json names and the eos ids its config.json names."""
+    names: set[str] = set()
+    try:
+        tok = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        tok = {}
+    for key in ("bos_token", "eos_token") if isinstance(tok, dict) else ():
+        v = tok.get(key)
+        v = v.get("content") if isinstance(v, dict) else v
+        if isinstance(v, str):
+            names.add(v)
+    eos = config.get("eos_token_id")
+    ids = {i for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int) and not isinstance(i, bool)}
+    return names, ids
+
+
+def catalog_match(spec: ModelSpec, config: dict | None = None) -> tuple[ModelSpec | None, str]:
+    """The catalog entry a config.json describes (same architecture and shapes) and why it was chosen. Several
+    entries can share a shape (a base model and its distill, 3.0 and 3.1). Never the folder's name (the same files
+    in `final` or `main` are the same model): a hub id the caller resolved, else the same context length, then the
+    folder's tokenizer specials (tokenizer_config.json bos/eos) and config.json eos ids against each entry's
+    tokenizer family, then catalog order."""
     shape = tuple(getattr(spec, f) for f in _SHAPE_FIELDS)
     hits = [m for m in load_models() if m.is_eagle == spec.is_eagle
             and tuple(getattr(m, f) for f in _SHAPE_FIELDS) == shape]
     if not hits:
-        return None
-    label = _normalize((spec.hub_id or spec.name).split("/")[-1])
+        return None, ""
+    if len(hits) == 1:
+        return hits[0], ""
+    hub = _normalize(spec.hub_id.split("/")[-1]) if spec.hub_id else ""
+    names, ids = _folder_markers(spec.local_path, config or {}) if spec.local_path else (set(), set())
+    markers = _tokenizer_markers()
 
-    def closeness(m: ModelSpec) -> tuple:
-        names = [m.name, *m.aliases, m.hub_id.split("/")[-1]]
-        ratio = max(difflib.SequenceMatcher(None, label, _normalize(n)).ratio() for n in names)
-        return (ratio, m.max_position_embeddings == spec.max_position_embeddings)
+    def score(i: int) -> tuple:
+        m = hits[i]
+        bos, eos, eos_id = markers.get(m.tokenizer, (None, None, None))
+        hub_hit = bool(hub) and hub in {_normalize(n.split("/")[-1]) for n in (m.name, *m.aliases, m.hub_id)}
+        return (hub_hit, m.max_position_embeddings == spec.max_position_embeddings,
+                len({bos, eos} & names), eos_id in ids, -i)
 
-    return max(hits, key=closeness)
+    best = max(range(len(hits)), key=score)
+    others = ", ".join(m.name for i, m in enumerate(hits) if i != best)
+    top = score(best)
+    tied = [i for i in range(len(hits)) if score(i)[:-1] == top[:-1]]
+    why = ("the hub id" if top[0] else "its tokenizer's special tokens" if len(tied) == 1 and top[2]
+           else "its eos token id" if len(tied) == 1 and top[3] else "its context length" if len(tied) == 1
+           else "catalog order: neither config.json nor the tokenizer files tell them apart")
+    return hits[best], f"shapes shared with {others}; chose {hits[best].name} by {why}"
 
 
 def spec_from_folder(path: Path, hub_id: str = "") -> ModelSpec:
@@ -764,7 +807,7 @@ def spec_from_folder(path: Path, hub_id: str = "") -> ModelSpec:
     local = str(path.resolve())
     spec = spec_from_config(config, name=path.name if not hub_id else hub_id.split("/")[-1],
                             hub_id=hub_id, local_path=local, tokenizer=f"local:{local}")
-    entry = catalog_match(spec)
+    entry, why = catalog_match(spec, config)
     if entry is None:
         return spec
     import dataclasses
@@ -774,7 +817,13 @@ def spec_from_folder(path: Path, hub_id: str = "") -> ModelSpec:
     return dataclasses.replace(entry, local_path=local, dtype=spec.dtype, quantization=spec.quantization,
                                unquantized_attention=spec.unquantized_attention,
                                dense_mlp_layers=spec.dense_mlp_layers if entry.is_moe else entry.dense_mlp_layers,
-                               source=f"{local}/config.json (matches catalog entry {entry.name})")
+                               # Its context and layer kinds too: a fine-tune cut to 2048 positions or given sliding
+                               # layers is what vLLM builds, whatever the catalog entry it shares shapes with says.
+                               max_position_embeddings=spec.max_position_embeddings,
+                               sliding_window=spec.sliding_window, layer_types=spec.layer_types,
+                               rope_scaling_factor=spec.rope_scaling_factor,
+                               source=f"{local}/config.json (matches catalog entry {entry.name}"
+                                      + (f"; {why})" if why else ")"))
 
 
 def spec_from_tokenizer_folder(path: Path) -> ModelSpec:

@@ -227,10 +227,31 @@ def resolve_gpu(name: str) -> GpuSpec:
     return hit
 
 
+MAX_NAME_BYTES = 255  # one path component, on every Linux file system (NAME_MAX)
+
+
+def is_folder(path: Path | str) -> bool:
+    """Whether `path` is a folder; a name no file system can hold (a component over 255 bytes, a NUL) is one
+    line naming it, where Path.is_dir raises OSError (ENAMETOOLONG) or ValueError."""
+    text = str(path)
+    for part in Path(text).parts:
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > MAX_NAME_BYTES:
+            raise DraftfitError(f"path component {part[:40]}... is {size} bytes; file systems hold at most "
+                                f"{MAX_NAME_BYTES}", fix="shorten that folder name (or pass a catalog model name)")
+    if "\0" in text:
+        raise DraftfitError(f"path {text[:60]!r} holds a NUL byte", fix="pass the folder's real path")
+    try:
+        return Path(text).is_dir()
+    except OSError as exc:
+        raise DraftfitError(f"{text[:120]} cannot be read ({exc.strerror or exc})",
+                            fix="check the path and its permissions") from None
+
+
 def resolve_model(name: str, *, allow_hub: bool = True) -> ModelSpec:
     """Catalog name or alias, hub id, or a local folder with config.json; else UnknownModelError."""
     path = Path(name).expanduser()
-    if path.is_dir():
+    if is_folder(path):
         return spec_from_folder(path)
     models = load_models()
     index = _index(models)
@@ -324,6 +345,7 @@ def validate_config(config, where: str) -> dict:
     if heads % kv:
         raise DraftfitError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}",
                             fix="fix the head counts in config.json")
+    _validate_against_engines(cfg, where)
     for key in ("tie_word_embeddings",):
         if key in config and not isinstance(config[key], bool):
             raise DraftfitError(f"{where}: {key} = {config[key]!r} is not true/false", fix=f"fix {key} in config.json")
@@ -343,6 +365,89 @@ def validate_config(config, where: str) -> dict:
         raise DraftfitError(f"{where}: architectures = {archs!r} is not a list of names",
                             fix='e.g. "architectures": ["LlamaForCausalLM"]')
     return config
+
+
+# What vLLM and transformers accept, checked before anything is sized (each bound far above any published model):
+# layers (Llama-3.1-405B: 126), heads, widths, positions (Llama-4-Scout: 10M), vocabulary rows (Gemma: 262k).
+_SANE_LIMITS = {"num_hidden_layers": 4096, "num_attention_heads": 4096, "num_key_value_heads": 4096,
+                "head_dim": 4096, "hidden_size": 2**20, "intermediate_size": 2**22, "moe_intermediate_size": 2**22,
+                "vocab_size": 2**24, "max_position_embeddings": 2**28, "num_experts": 2**14,
+                "num_local_experts": 2**14, "n_routed_experts": 2**14, "num_experts_per_tok": 2**14,
+                "sliding_window": 2**28}
+# RoPE kinds vLLM 0.34 builds (model_executor/layers/rotary_embedding/__init__.py get_rope), plus transformers'
+# older names it renames ("su" -> longrope, "mrope" -> default).
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "deepseek_yarn", "deepseek_llama_scaling", "longrope", "su",
+              "llama3", "mllama4", "ntk", "mrope", "bailing_mrope", "proportional", "openpangu")
+MAX_ROPE_FACTOR = 1024.0  # published factors are 2..64 (YaRN 4, Llama-3.1 8, Scout 16)
+
+
+def _finite_number(v) -> bool:
+    import math
+
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _validate_rope(cfg: dict, where: str) -> None:
+    for key in ("rope_scaling", "rope_parameters"):
+        block = cfg.get(key)
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            raise DraftfitError(f"{where}: {key} = {str(block)[:60]!r} is not an object",
+                                fix=f'write {key} as an object, e.g. {{"rope_type": "yarn", "factor": 4.0}}, or drop it')
+        subs = [b for b in block.values() if isinstance(b, dict)] or [block]
+        for b in subs:
+            kind = b.get("rope_type", b.get("type", "default"))
+            if not isinstance(kind, str) or kind not in ROPE_TYPES:
+                raise DraftfitError(f"{where}: {key} type {str(kind)[:40]!r} is not a RoPE kind vLLM builds",
+                                    fix=f"use one of {', '.join(ROPE_TYPES[:8])}, ...")
+            for name in ("factor", "original_max_position_embeddings", "rope_theta", "beta_fast", "beta_slow"):
+                v = b.get(name)
+                if v is not None and not (_finite_number(v) and 0 < v <= (MAX_ROPE_FACTOR if name == "factor"
+                                                                           else 2**40)):
+                    raise DraftfitError(f"{where}: {key} {name} = {str(v)[:40]} is not a finite positive number"
+                                        + (f" up to {MAX_ROPE_FACTOR:g}" if name == "factor" else ""),
+                                        fix=f"fix {key}.{name} in config.json (copy it from the published config)")
+            if kind in ("linear", "dynamic", "yarn", "llama3", "deepseek_yarn") and b.get("factor") is None:
+                raise DraftfitError(f"{where}: {key} type {kind!r} has no factor",
+                                    fix=f"add {key}.factor to config.json (e.g. 4.0), or drop {key}")
+
+
+def _validate_against_engines(cfg: dict, where: str) -> None:
+    """What vLLM and transformers refuse while building the model, refused here first with the field named."""
+    for key, limit in _SANE_LIMITS.items():
+        v = cfg.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > limit:
+            raise DraftfitError(f"{where}: {key} = {v:,} is beyond any model vLLM can build (at most {limit:,})",
+                                fix=f"fix {key} in config.json (copy it from the model's published config)")
+    for key in ("rope_theta", "rms_norm_eps", "layer_norm_eps", "partial_rotary_factor", "initializer_range"):
+        v = cfg.get(key)
+        if v is not None and not (_finite_number(v) and v > 0):
+            raise DraftfitError(f"{where}: {key} = {str(v)[:40]} is not a finite positive number",
+                                fix=f"fix {key} in config.json (copy it from the model's published config)")
+    prf = cfg.get("partial_rotary_factor")
+    if prf is not None and prf > 1:
+        raise DraftfitError(f"{where}: partial_rotary_factor = {prf} is above 1 (vLLM: between 0.0 and 1.0)",
+                            fix="fix partial_rotary_factor in config.json")
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    if cfg.get("head_dim") is None and not cfg.get("kv_lora_rank") and hidden % heads:
+        raise DraftfitError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads} "
+                            "(and no head_dim is given)", fix="fix hidden_size or the head count, or add head_dim")
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+    topk = cfg.get("num_experts_per_tok")
+    if isinstance(topk, int) and isinstance(experts, int) and topk and experts and topk > experts:
+        raise DraftfitError(f"{where}: num_experts_per_tok {topk} is more than the {experts} experts (top-k of "
+                            "experts must be at most their number)", fix="fix num_experts_per_tok in config.json")
+    given = cfg.get("layer_types")
+    if given is not None:
+        if not isinstance(given, list) or not all(isinstance(t, str) for t in given):
+            raise DraftfitError(f"{where}: layer_types is not a list of layer kind names",
+                                fix='write e.g. ["sliding_attention", "full_attention", ...], one per layer')
+        if len(given) != cfg["num_hidden_layers"]:
+            raise DraftfitError(f"{where}: layer_types names {len(given)} layers, num_hidden_layers is "
+                                f"{cfg['num_hidden_layers']} (transformers refuses the mismatch)",
+                                fix="give layer_types one entry per layer, or drop it")
+    _validate_rope(cfg, where)
 
 
 FULL, SLIDING, LINEAR = "F", "S", "L"

@@ -93,6 +93,8 @@ def check(target: str, draft: str, catalog_only: bool, as_json: bool):
         emit_json(data)
         return
 
+    from rich.markup import escape as esc
+
     out = console()
     if not out.is_terminal:  # piped: rich's 80-column default would truncate paths and fingerprints
         out.width = max(out.width, 160)
@@ -101,22 +103,22 @@ def check(target: str, draft: str, catalog_only: bool, as_json: bool):
                     caption=f"source: {report.source}; fingerprints are sha256[:16]"))
     style = VERDICT_STYLE.get(report.verdict, "bold")
     diff = f", {report.differing_ids} differing ids" if report.differing_ids >= 0 else ""
-    out.print(f"tokenizers: [{style}]{report.verdict}[/]{diff} (from {report.source})")
+    out.print(f"tokenizers: [{style}]{esc(report.verdict)}[/]{diff} (from {esc(report.source)})")
     vllm = ("[yellow]unknown[/] (no config.json, so no embedding rows to compare)" if report.vllm_accepts is None
             else "[green]starts the pair[/]" if report.vllm_accepts else "[red]refuses the pair[/]")
     if starts is not None and not starts[0]:
-        vllm = f"[red]accepts the vocabularies, then fails at start-up[/]: {starts[1]}"
+        vllm = f"[red]accepts the vocabularies, then fails at start-up[/]: {esc(starts[1])}"
     elif starts is not None and "KV-cache group" in starts[1]:
-        vllm += f": {starts[1]}"
+        vllm += f": {esc(starts[1])}"
     out.print(f"vLLM: {vllm}", highlight=False)
     if starts is not None and starts[2]:
-        out.print(f"[bold]fix (vLLM start-up):[/] {starts[2]}", highlight=False)
+        out.print(f"[bold]fix (vLLM start-up):[/] {esc(starts[2])}", highlight=False)
     if report.warning:
-        out.print(f"[bold red]WARNING: {report.warning}[/]")
+        out.print(f"[bold red]WARNING: {esc(report.warning)}[/]")
     for note in report.notes:
-        out.print(f"  • {note}", highlight=False)
+        out.print(f"  • {note}", highlight=False, markup=False)
     if report.first_differences:
         out.print(table("first differing ids", ["id", "target", "draft"],
                         [[x["id"], repr(x["target"]), repr(x["draft"])] for x in report.first_differences]))
     if report.fix:
-        out.print(f"[bold]fix:[/] {report.fix}", highlight=False)
+        out.print(f"[bold]fix:[/] {esc(report.fix)}", highlight=False)

@@ -115,15 +115,17 @@ def _print_table(result) -> None:
     cites = sorted({(c.acceptance_source, c.acceptance_citation) for c in result.candidates
                     if c.acceptance_source.startswith(("prior", "replay")) and c.acceptance_citation and c.group == 0})
     for src, cit in cites:
-        con.print(f"[dim]{src}: {cit}[/dim]", highlight=False)
+        con.print(f"{src}: {cit}", style="dim", highlight=False, markup=False)
     if result.serve_command:
         w = next((c for c in result.candidates if c.draft == result.winner), None)
         k = (f"K schedule {w.k_schedule}" if w and w.k_schedule else f"K={w.k if w else '?'}")
-        con.print(f"\n[bold]Serve the winner ({result.winner}, {k}, max_model_len "
+        from rich.markup import escape
+
+        con.print(f"\n[bold]Serve the winner ({escape(result.winner)}, {k}, max_model_len "
                   f"{result.layout.max_model_len}):[/bold]", highlight=False)
         click.echo(result.serve_command)
     for n in result.notes:
-        con.print(f"[dim]note: {n}[/dim]", highlight=False)
+        con.print(f"note: {n}", style="dim", highlight=False, markup=False)
     con.print(f"[dim]ranked {len(result.candidates)} drafts in {result.elapsed_s:.2f}s; "
               f"`--explain DRAFT` shows every number behind one row, `--json` for machines[/dim]", highlight=False)
 

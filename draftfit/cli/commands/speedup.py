@@ -184,7 +184,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
     con.print(f"speedup {res.speedup:.3f}x  (E = {res.expected_tokens_per_step:.3f} tokens per target step, "
               f"K = {res.k}, c = {res.c}; acceptance {acc_source})")
     con.print(f"best K for this acceptance and c: {res.best_k} ({res.per_k[res.best_k]:.3f}x)")
-    con.print(f"[dim]source: {res.source}[/dim]")
+    con.print(f"source: {res.source}", style="dim", markup=False)
 
 
 def _render_prediction(pred, con) -> None:
@@ -215,7 +215,7 @@ def _render_prediction(pred, con) -> None:
     if pred.k_schedule:
         con.print(f"per-batch K schedule (num_speculative_tokens_per_batch_size): {[list(r) for r in pred.k_schedule]}")
     for n in pred.notes:
-        con.print(f"[dim]note: {n}[/dim]")
+        con.print(f"note: {n}", style="dim", markup=False)
 
 
 def plot_prediction(pred, path: str) -> str:

@@ -208,4 +208,4 @@ def _render(result) -> None:
     for t in result.tables:
         con.print(f"table written: {t}")
     for n in result.notes:
-        con.print(f"[dim]{n}[/]")
+        con.print(n, style="dim", markup=False)

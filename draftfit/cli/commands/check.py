@@ -7,7 +7,7 @@ import click
 from draftfit.cli.render import json_option
 from pathlib import Path
 
-from draftfit.catalog.specs import resolve_model, spec_from_tokenizer_folder
+from draftfit.catalog.specs import is_folder, resolve_model, spec_from_tokenizer_folder
 from draftfit.errors import DraftfitError
 from draftfit.layout import check_name
 from draftfit.cli.render import console, emit_json, table
@@ -57,11 +57,27 @@ def _present(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
+# Slow-format tokenizer files (GPT-2 style BPE, SentencePiece) that transformers converts to a tokenizer.json.
+SLOW_TOKENIZER_FILES = (("vocab.json", "merges.txt"), ("tokenizer.model",), ("spiece.model",))
+
+
+def _refuse_slow_tokenizer(folder: Path) -> None:
+    """A folder whose tokenizer ships only in a slow format: the real problem, not "no config.json"."""
+    for files in SLOW_TOKENIZER_FILES:
+        if all(_present(folder / f) for f in files):
+            raise DraftfitError(
+                f"{folder} holds a slow-format tokenizer ({' + '.join(files)}) and no tokenizer.json, which is what "
+                "draftfit compares", fix="write the fast format beside it: python -c \"from transformers import "
+                f"AutoTokenizer as T; T.from_pretrained('{folder}').save_pretrained('{folder}')\", then run check again")
+
+
 def _resolve(name: str, catalog_only: bool):
     """A catalog name, hub id or model folder; a folder with tokenizer files but no config.json is checked on
     its tokenizer alone (embedding rows unknown). A folder's own tokenizer files are what `check` compares."""
     folder = Path(name).expanduser()
-    if folder.is_dir() and not _present(folder / "config.json") and _present(folder / "tokenizer.json"):
+    if is_folder(folder) and not _present(folder / "tokenizer.json"):
+        _refuse_slow_tokenizer(folder)
+    if is_folder(folder) and not _present(folder / "config.json") and _present(folder / "tokenizer.json"):
         return spec_from_tokenizer_folder(folder)
     spec = resolve_model(name)
     if spec.local_path and not catalog_only and not _present(Path(spec.local_path) / "tokenizer.json"):

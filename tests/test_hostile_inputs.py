@@ -120,7 +120,9 @@ def run_case(case: hc.Case, argv: list[str], env: dict[str, str], cwd: Path) -> 
     t0 = time.monotonic()
     res = dict(exit_code=None, stdout="", stderr="", exception="", timed_out=False, heavy="")
     if case.subprocess:
-        full_env = {**os.environ, **env}
+        # The package under test (this checkout), not whichever draftfit the interpreter has installed.
+        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                    **env}
         try:
             p = subprocess.run([sys.executable, "-m", "draftfit", *argv], capture_output=True, text=True,
                                errors="replace", timeout=case.timeout, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL)

@@ -175,12 +175,23 @@ def _yaml_loader():
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-@lru_cache(maxsize=None)
-def load_models(catalog_dir: Path = CATALOG_DIR) -> tuple[ModelSpec, ...]:
+def _catalog_entries(path: Path, key: str, cls) -> tuple:
+    """The entries under `key` of a catalog YAML file as `cls` instances; a file that is missing, not YAML or not
+    a catalog (a broken DRAFTFIT_HOME) is one line naming it."""
     import yaml
 
-    data = yaml.load((catalog_dir / "models.yaml").read_text(), Loader=_yaml_loader())
-    models = tuple(ModelSpec(**_tuple_fields(ModelSpec, m)) for m in data["models"])
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_yaml_loader())
+        return tuple(cls(**_tuple_fields(cls, m)) for m in data[key])
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
+        detail = " ".join(str(exc).split())[:100] or type(exc).__name__
+        raise DraftfitError(f"the catalog {path} is not readable ({type(exc).__name__}: {detail})",
+                            fix="restore it (reinstall draftfit), or unset DRAFTFIT_HOME if it points elsewhere") from None
+
+
+@lru_cache(maxsize=None)
+def load_models(catalog_dir: Path = CATALOG_DIR) -> tuple[ModelSpec, ...]:
+    models = _catalog_entries(catalog_dir / "models.yaml", "models", ModelSpec)
     for m in models:
         if m.layer_types:
             layer_kinds(m)  # one layer kind per layer, or a one-line error naming the entry
@@ -189,10 +200,7 @@ def load_models(catalog_dir: Path = CATALOG_DIR) -> tuple[ModelSpec, ...]:
 
 @lru_cache(maxsize=None)
 def load_gpus(catalog_dir: Path = CATALOG_DIR) -> tuple[GpuSpec, ...]:
-    import yaml
-
-    data = yaml.load((catalog_dir / "gpus.yaml").read_text(), Loader=_yaml_loader())
-    return tuple(GpuSpec(**_tuple_fields(GpuSpec, g)) for g in data["gpus"])
+    return _catalog_entries(catalog_dir / "gpus.yaml", "gpus", GpuSpec)
 
 
 @lru_cache(maxsize=8)

@@ -110,6 +110,17 @@ def check_k(k, option: str = "--k", k_max: int = K_MAX) -> int:
     return k
 
 
+def check_k_list(text: str, option: str = "--k", example: str = "1,2,4", k_max: int = K_MAX) -> list[int]:
+    """A K list ('2,4', '1..8'), each in 1..k_max; a range past the bound is named as typed ('--k 1..1000 reaches
+    1000'), not by its first value outside."""
+    ks = list(parse_int_list(text, option, example))
+    bad = [k for k in ks if not 1 <= k <= k_max]
+    if bad and (".." in str(text) or len(ks) > 1):
+        raise DraftfitError(f"{option} {text} reaches {bad[-1] if bad[-1] > k_max else bad[0]}, outside 1..{k_max} "
+                            f"(draftfit predicts and measures K up to {k_max})", fix=f"e.g. {option} 1..{k_max}")
+    return [check_k(k, option, k_max) for k in ks]
+
+
 def check_int(value, option: str, lo: int, hi: int, *, fix: str | None = None) -> int:
     """An integer option in lo..hi (bool is not an integer)."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -16,6 +16,8 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from draftfit.errors import DraftfitError
+
 # The installed package folder (a plain folder for a wheel or an editable install; draftfit is not zip-safe).
 PACKAGE_DIR = Path(str(resources.files("draftfit")))
 _HOME = os.environ.get("DRAFTFIT_HOME")
@@ -60,4 +62,8 @@ def write_json_atomic(path: Path, obj) -> None:
 
 def default_store_path() -> Path:
     """The SQLite measurement store (overridable per command with --store)."""
-    return Path(os.environ.get("DRAFTFIT_STORE", cache_dir() / "measurements.sqlite"))
+    env = os.environ.get("DRAFTFIT_STORE")
+    if env is not None and not env.strip():
+        raise DraftfitError("DRAFTFIT_STORE is set but empty", fix="unset it (`unset DRAFTFIT_STORE`) or set it to a "
+                            "file path, e.g. ~/.cache/draftfit/measurements.sqlite")
+    return Path(env) if env is not None else cache_dir() / "measurements.sqlite"

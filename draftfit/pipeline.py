@@ -216,15 +216,22 @@ def command_for(ev: PairEvaluation, *, force: bool = False, engine: str = "vllm"
     extra = list(serve_kwargs.pop("extra_args", None) or [])
     if layout.max_num_seqs is not None and engine == "vllm":
         extra += ["--max-num-seqs", str(layout.max_num_seqs)]
-    if layout.quantization in ONLINE_QUANTIZATIONS and not ev.target.quantization:
-        # The user asked vLLM to quantize an unquantized checkpoint while loading; a quantized checkpoint's own
-        # format needs no flag (vLLM reads its quantization_config).
+    offline = False
+    if layout.quantization not in ("none", "auto", "") and not ev.target.quantization:
+        # Every weight format the ranking priced is in the command (a quantized checkpoint's own format needs no
+        # flag: vLLM reads its quantization_config). fp8/bitsandbytes: vLLM quantizes while loading; awq, gptq
+        # and mxfp4 load only from a checkpoint published in that format, which the note asks for.
         serve_kwargs.setdefault("quantization", layout.quantization)
+        offline = layout.quantization not in ONLINE_QUANTIZATIONS
     if layout.kv_cache_dtype != "auto":
         serve_kwargs.setdefault("kv_cache_dtype", layout.kv_cache_dtype)
     cmd = serve_command(ev.target, ev.draft, k=k_served, tp=layout.tp, engine=engine, vllm_version=layout.vllm_version,
                         k_schedule=None if (k or layout.k) else dec.k_schedule, extra_args=extra or None,
                         **serve_kwargs)
+    if offline:
+        cmd.notes.append(f"--quantization {layout.quantization}: vLLM loads {layout.quantization} weights only from a "
+                         f"checkpoint in that format; serve {ev.target.name}'s {layout.quantization} export (its "
+                         "folder or hub id) in place of the model above, or use --quantization fp8")
     if warning:
         cmd.notes.insert(0, warning)
     return cmd

@@ -106,6 +106,9 @@ CFG_VARIANTS = [
     "cfg-kv-not-divisor", "cfg-kv-gt-heads", "cfg-headdim-neg", "cfg-maxpos-neg", "cfg-text-config-list",
     "cfg-text-config-str", "cfg-architectures-str", "cfg-dtype-bogus", "cfg-binary-64k", "cfg-utf16",
     "cfg-deep-nesting", "cfg-is-dir", "cfg-dangling-symlink", "cfg-devnull", "cfg-absent",
+    # what vLLM/transformers refuse (issue 39): accepted with exit 0, or crashed, before
+    "cfg-moe-topk-gt-experts", "cfg-layer-types-short", "cfg-rope-str", "cfg-rope-unknown-type",
+    "cfg-hidden-indivisible", "cfg-rope-yarn-huge", "cfg-rope-yarn-nan", "cfg-layers-2e40", "cfg-rope-theta-inf",
 ]
 # Paths that are not a model folder at all.
 PATH_VARIANTS = ["path-is-file", "path-nonexistent", "path-dangling-symlink", "path-empty-dir"]
@@ -119,6 +122,7 @@ TOK_VARIANTS = [
 STORE_VARIANTS = ["store-garbage", "store-text", "store-json", "store-wrong-schema", "store-empty-dir-name"]
 
 M_T, M_D, GPU = "Llama-3.1-8B", "Llama-3.2-1B", "H100-80GB"
+LONG = "{tmp}/" + "a" * 300  # one path component over the 255 bytes every Linux file system allows
 
 
 def build_cases(*, root: bool | None = None) -> list[Case]:
@@ -422,6 +426,61 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
         b.add(f"check-draft-{v}", ["check", "Qwen2.5-7B", f"{{tmp}}/{v}"], files=(v,))
         b.add(f"rank-target-{v}", ["rank", "--target", f"{{tmp}}/{v}"], files=(v,))
 
+    # ------------------------------------------------------------------ issue 39: crashes and silent acceptances
+    for argv in (["rank", "--target", LONG], ["check", LONG, M_D], ["check", M_T, LONG], ["memory", LONG, "--gpu", GPU],
+                 ["serve-cmd", LONG, M_D], ["preflight", LONG, M_D], ["catalog", "show", LONG],
+                 ["launch-script", LONG, M_D, "-o", "{tmp}/l.sh"],
+                 ["speedup", "--target", LONG, "--draft", M_D, "--gpu", "H200", "--alpha", "0.7"],
+                 ["runs", "list", "--store", LONG + "/s.sqlite"], ["launch-script", M_T, M_D, "-o", LONG + "/l.sh"]):
+        b.add(f"long-name-{'-'.join(a for a in argv[:2] if a.isalpha() or a.startswith('-'))}", argv)
+    b.add("long-name-measure", ["measure", LONG, "{tmp}/good-draft", "--store", "{tmp}/store-dir/s.sqlite"],
+          files=("good-draft", "store-dir"), guard_heavy=True)
+    b.add("long-name-sweep", ["sweep", LONG, "--drafts", "ngram", "--store", "{tmp}/store-dir/s.sqlite"],
+          files=("store-dir",), guard_heavy=True)
+    b.add("measure-prompts-file-deep-nesting", [*meas, "--prompts-file", "{tmp}/prompts-deep-nesting"],
+          files=(*meas_files, "prompts-deep-nesting"), guard_heavy=True)
+    b.add("sweep-prompts-file-deep-nesting", [*swp, "--prompts-file", "{tmp}/prompts-deep-nesting"],
+          files=(*swp_files, "prompts-deep-nesting"), guard_heavy=True)
+    b.add("check-target-slowtok-only", ["check", "{tmp}/slowtok-only", "{tmp}/good-draft"],
+          files=("slowtok-only", "good-draft"))
+    b.add("runs-list-env-store-empty", ["runs", "list"], env=(("DRAFTFIT_STORE", ""),))
+    b.add("measure-env-store-empty", ["measure", "{tmp}/good-model", "ngram"], files=("good-model",),
+          env=(("DRAFTFIT_STORE", ""),), guard_heavy=True)
+    # Options the chosen mode does not read are refused, not silently dropped.
+    b.option("sweep-calibrate", cal_swp, "--temperatures", ["nan", "0.7"], guard=True)
+    b.option("sweep-calibrate", cal_swp, "--workloads", ["poetry", "code"], guard=True)
+    b.option("sweep-calibrate", cal_swp, "--prompts-file", ["{tmp}/store-garbage"], files=("store-garbage",),
+             guard=True)
+    b.option("sweep-calibrate", cal_swp, "--tables-dir", ["{tmp}/path-is-file"], files=("path-is-file",),
+             guard=True)
+    b.option("sweep", swp, "--batch", ["1,8"], files=swp_files, guard=True)
+    b.option("sweep", swp, "--tables-dir", ["{tmp}/store-dir"], files=swp_files, guard=True)
+    b.add("sweep-json-k-x", [*swp, "--k", "x", "--json"], files=swp_files, guard_heavy=True, json=True)
+    for opt, value in (("--tp", "0"), ("--tp", "2"), ("--batch", "8"), ("--context-len", "4096"),
+                       ("--quantization", "fp8"), ("--kv-cache-dtype", "fp8"), ("--vllm-version", "0.34.0")):
+        b.add(f"speedup-closed-form-{opt.lstrip('-')}-{_vid(value)}", [*cf, opt, value])
+    b.add("speedup-closed-form-learned-correction", [*cf, "--learned-correction"])
+    b.add("speedup-k-range-past-bound", ["speedup", "--alpha", "0.8", "--k", "1..1000", "--c", "0.1"])
+    b.add("speedup-full-k-range-past-bound", [*full, "--k", "1..1000"])
+    # Flags and remaining options, each with a hostile companion.
+    b.add("check-catalog-only-NoSuchModel", ["check", "--catalog-only", "NoSuchModel", M_D])
+    b.add("calibrate-write-configs-NoSuchModel", ["calibrate", "--write-configs", "NoSuchModel", M_D],
+          guard_heavy=True)
+    for cmd in ("serve-cmd", "launch-script"):
+        base = [cmd, M_T, M_D] + (["-o", "{tmp}/launch.sh"] if cmd == "launch-script" else [])
+        b.option(cmd, base, "--quantization", ["magic", ""])
+        b.option(cmd, base, "--kv-cache-dtype", ["fp4"])
+        b.add(f"{cmd}-force-k-0", [*base, "--force", "--k", "0"])
+    b.option("launch-script", ls, "--draftfit-bin", ["", "draftfit\nrm -rf ~"])  # quoted in the script: ';' is safe
+    b.option("launch-script", ls, "--warmup-prompt", [""])
+    b.add("launch-script-no-preflight-k-0", [*ls, "--no-preflight", "--k", "0"])
+    b.add("launch-script-keep-running-tp-0", [*ls, "--keep-running", "--tp", "0"])
+    b.add("launch-script-enforce-eager-util-0", [*ls, "--enforce-eager", "--util", "0"])
+    b.option("preflight", pf, "--workload", ["poetry", ""])
+    b.option("monitor", [*good, "--once"], "--timeout", ["0", "-1", "nan", "inf", "x"], server=True, timeout=15.0)
+    b.add("catalog-list-gpus-family", ["catalog", "list", "--gpus", "--family", "no-such-family"])
+    b.add("catalog-list-json-family", ["catalog", "list", "--json", "--family", "no-such-family"], json=True)
+
     # ------------------------------------------------------------------ --json variants (a sample per command)
     by_id = {c.id: c for c in b.cases}
     json_sample = [
@@ -565,6 +624,15 @@ _CFG_OBJECTS = {
     "cfg-text-config-str": _cfg(text_config="llama"),
     "cfg-architectures-str": _cfg(architectures="LlamaForCausalLM"),
     "cfg-dtype-bogus": _cfg(torch_dtype="int3"),
+    "cfg-moe-topk-gt-experts": _cfg(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=8,
+                                    num_experts_per_tok=64),
+    "cfg-layer-types-short": _cfg(layer_types=["full_attention", "sliding_attention"], sliding_window=4096),
+    "cfg-rope-str": _cfg(rope_scaling="banana"),
+    "cfg-rope-unknown-type": _cfg(rope_scaling={"rope_type": "banana", "factor": 2.0}),
+    "cfg-hidden-indivisible": _cfg(hidden_size=4097, head_dim=_DROP),
+    "cfg-rope-yarn-huge": _cfg(rope_scaling={"rope_type": "yarn", "factor": 1e308,
+                                             "original_max_position_embeddings": 4096}),
+    "cfg-layers-2e40": _cfg(num_hidden_layers=2**40),
 }
 _CFG_TEXTS = {
     "cfg-malformed": '{"hidden_size": 4096, "num_hidden_layers": ',
@@ -577,6 +645,8 @@ _CFG_TEXTS = {
     "cfg-hidden-nan": json.dumps(GOOD_CONFIG).replace('"hidden_size": 4096', '"hidden_size": NaN'),
     "cfg-hidden-inf": json.dumps(GOOD_CONFIG).replace('"hidden_size": 4096', '"hidden_size": Infinity'),
     "cfg-deep-nesting": '{"text_config": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    "cfg-rope-yarn-nan": json.dumps(_cfg(rope_scaling={"rope_type": "yarn", "factor": float("nan")})),
+    "cfg-rope-theta-inf": json.dumps(_cfg(rope_theta=float("inf"))),
 }
 
 
@@ -750,6 +820,12 @@ def build_file(name: str, root: Path, project_root: Path | None = None) -> Path:
         path.symlink_to(root / "no-such-folder")
     elif name == "path-empty-dir":
         path.mkdir()
+    elif name == "prompts-deep-nesting":  # json's parser recurses per bracket: RecursionError, not a crash
+        path.write_text('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    elif name == "slowtok-only":  # GPT-2's slow format: vocab.json + merges.txt, no tokenizer.json, no config.json
+        path.mkdir()
+        _write_json(path / "vocab.json", {"a": 0, "b": 1, "ab": 2})
+        (path / "merges.txt").write_text("#version: 0.2\na b\n")
     else:
         raise KeyError(f"no file builder for {name!r}")
     return path
@@ -907,6 +983,9 @@ def problems(case: Case, *, exit_code: int | None, stdout: str, stderr: str, exc
     if heavy:
         return [f"accepted: went on to heavy work ({heavy}) instead of rejecting the input"]
     out: list[str] = []
+    if "internal error" in stdout + stderr:  # the CLI's catch-all for a bug: a crash in one line is still a crash
+        where = stderr if "internal error" in stderr else stdout
+        return [f"internal error: {next(x for x in _lines(where) if 'internal error' in x)[:200]}"]
     if exception:
         out.append(f"traceback: {exception}")
     elif "Traceback (most recent call last)" in stdout + stderr:

@@ -120,7 +120,9 @@ def run_case(case: hc.Case, argv: list[str], env: dict[str, str], cwd: Path) -> 
     t0 = time.monotonic()
     res = dict(exit_code=None, stdout="", stderr="", exception="", timed_out=False, heavy="")
     if case.subprocess:
-        full_env = {**os.environ, **env}
+        # The package under test (this checkout), not whichever draftfit the interpreter has installed.
+        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                    **env}
         try:
             p = subprocess.run([sys.executable, "-m", "draftfit", *argv], capture_output=True, text=True,
                                errors="replace", timeout=case.timeout, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL)
@@ -249,6 +251,8 @@ def _one_line_or_success(res: dict) -> str | None:
         return "hang"
     if res["exception"]:
         return f"traceback: {res['exception']}"
+    if "internal error" in res["stdout"] + res["stderr"]:  # the CLI's catch-all: a bug, however politely put
+        return "internal error"
     if "Traceback (most recent call last)" in res["stdout"] + res["stderr"]:
         return "traceback in output"
     if res["exit_code"] == 0:
@@ -378,3 +382,44 @@ def test_bad_int_lists_are_one_error_with_the_options_example(text):
     with pytest.raises(DraftfitError) as e:
         parse_int_list(text, "--k", "1,2,4")
     assert "--k" in str(e.value) and e.value.fix == "e.g. --k 1,2,4"
+
+
+# ------------------------------------------------------------------------------------------- coverage
+
+
+def _leaf_commands(cmd, path):
+    import click
+
+    if isinstance(cmd, click.Group):
+        for name in cmd.list_commands(None):
+            yield from _leaf_commands(cmd.get_command(None, name), [*path, name])
+    else:
+        yield path, cmd
+
+
+def test_every_option_of_every_command_has_a_hostile_case():
+    """A new option without a hostile case fails here: each option of each (sub)command must appear in the argv of
+    at least one corpus case for that command (flags with a hostile companion input)."""
+    import click
+
+    from draftfit.cli import COMMANDS
+
+    missing = []
+    for name in COMMANDS:
+        for path, cmd in _leaf_commands(cli.get_command(None, name), [name]):
+            argvs = [c.argv for c in CASES if list(c.argv[:len(path)]) == path]
+            assert argvs, f"no hostile case for `draftfit {' '.join(path)}`"
+            for p in cmd.params:
+                if isinstance(p, click.Option) and not any(o in a for a in argvs for o in p.opts + p.secondary_opts):
+                    missing.append(f"{' '.join(path)} {p.opts[0]}")
+    assert not missing, "options with no hostile case in tests/hostile_corpus.py: " + ", ".join(missing)
+
+
+def test_internal_error_counts_as_a_failure():
+    """The CLI's catch-all turns a bug into one `error: internal error: ...` line; the corpus must not take that
+    for a handled input."""
+    case = hc.Case(id="x", argv=("rank",))
+    found = hc.problems(case, exit_code=1, stdout="", stderr="error: internal error: KeyError: 'x' — please report it")
+    assert found and found[0].startswith("internal error")
+    assert _one_line_or_success({"timed_out": False, "exception": "", "exit_code": 1, "stdout": "",
+                                 "stderr": "error: internal error: ValueError: y"}) == "internal error"

@@ -204,22 +204,28 @@ class RunRecord:
 
 
 class MeasurementStore:
-    def __init__(self, path: str | Path | None = None):
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False):
+        """`read_only`: a listing that must create nothing; a store that does not exist yet reads as empty
+        (an in-memory store), and neither the file nor its folder is made."""
         self.path = Path(path) if path else default_store_path()
         self._conn = None
         self._index = None  # lookup_acceptance's per-process view of the ok runs, per workload
         self._refs = None
         if self.path.is_dir():
             raise StoreDamagedError(self.path, "it is a directory")
+        absent = read_only and not (self.path.exists() or self.path.is_symlink())
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not absent:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
             # Explicit BEGIN/COMMIT below; `timeout` is SQLite's busy handler for every statement.
-            self._conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self._conn = sqlite3.connect(":memory:" if absent else str(self.path), timeout=BUSY_TIMEOUT_S,
+                                         isolation_level=None)
             self._conn.row_factory = sqlite3.Row
             self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self._conn.execute("PRAGMA foreign_keys = ON")
             self._migrate()  # checks the schema first: a file that is not our store is left byte-for-byte alone
-            self._retrying(self._wal)
+            if not absent:
+                self._retrying(self._wal)
         except BaseException:
             self.close()
             raise

@@ -368,7 +368,14 @@ def table_filename(target: str, draft: str, gpu: str, tp: int, acceptance: float
 
 
 def load_table(path: Path) -> CalibrationTable:
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise DraftfitError(f"calibration table {path} is not readable JSON ({type(exc).__name__})",
+                            fix="move it aside or re-run `draftfit calibrate --ingest` for it") from None
+    if not isinstance(data, dict):
+        raise DraftfitError(f"calibration table {path} holds a JSON {type(data).__name__}, not an object",
+                            fix="move it aside or re-run `draftfit calibrate --ingest` for it")
     keep = {k: data[k] for k in ("target", "draft", "gpu", "tp", "gpu_name", "vllm_version", "acceptance",
                                  "baseline", "spec", "memory", "provenance") if k in data}
     return CalibrationTable(path=str(path), **keep)

@@ -175,12 +175,23 @@ def _yaml_loader():
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-@lru_cache(maxsize=None)
-def load_models(catalog_dir: Path = CATALOG_DIR) -> tuple[ModelSpec, ...]:
+def _catalog_entries(path: Path, key: str, cls) -> tuple:
+    """The entries under `key` of a catalog YAML file as `cls` instances; a file that is missing, not YAML or not
+    a catalog (a broken DRAFTFIT_HOME) is one line naming it."""
     import yaml
 
-    data = yaml.load((catalog_dir / "models.yaml").read_text(), Loader=_yaml_loader())
-    models = tuple(ModelSpec(**_tuple_fields(ModelSpec, m)) for m in data["models"])
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_yaml_loader())
+        return tuple(cls(**_tuple_fields(cls, m)) for m in data[key])
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
+        detail = " ".join(str(exc).split())[:100] or type(exc).__name__
+        raise DraftfitError(f"the catalog {path} is not readable ({type(exc).__name__}: {detail})",
+                            fix="restore it (reinstall draftfit), or unset DRAFTFIT_HOME if it points elsewhere") from None
+
+
+@lru_cache(maxsize=None)
+def load_models(catalog_dir: Path = CATALOG_DIR) -> tuple[ModelSpec, ...]:
+    models = _catalog_entries(catalog_dir / "models.yaml", "models", ModelSpec)
     for m in models:
         if m.layer_types:
             layer_kinds(m)  # one layer kind per layer, or a one-line error naming the entry
@@ -189,10 +200,7 @@ def load_models(catalog_dir: Path = CATALOG_DIR) -> tuple[ModelSpec, ...]:
 
 @lru_cache(maxsize=None)
 def load_gpus(catalog_dir: Path = CATALOG_DIR) -> tuple[GpuSpec, ...]:
-    import yaml
-
-    data = yaml.load((catalog_dir / "gpus.yaml").read_text(), Loader=_yaml_loader())
-    return tuple(GpuSpec(**_tuple_fields(GpuSpec, g)) for g in data["gpus"])
+    return _catalog_entries(catalog_dir / "gpus.yaml", "gpus", GpuSpec)
 
 
 @lru_cache(maxsize=8)
@@ -227,10 +235,31 @@ def resolve_gpu(name: str) -> GpuSpec:
     return hit
 
 
+MAX_NAME_BYTES = 255  # one path component, on every Linux file system (NAME_MAX)
+
+
+def is_folder(path: Path | str) -> bool:
+    """Whether `path` is a folder; a name no file system can hold (a component over 255 bytes, a NUL) is one
+    line naming it, where Path.is_dir raises OSError (ENAMETOOLONG) or ValueError."""
+    text = str(path)
+    for part in Path(text).parts:
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > MAX_NAME_BYTES:
+            raise DraftfitError(f"path component {part[:40]}... is {size} bytes; file systems hold at most "
+                                f"{MAX_NAME_BYTES}", fix="shorten that folder name (or pass a catalog model name)")
+    if "\0" in text:
+        raise DraftfitError(f"path {text[:60]!r} holds a NUL byte", fix="pass the folder's real path")
+    try:
+        return Path(text).is_dir()
+    except OSError as exc:
+        raise DraftfitError(f"{text[:120]} cannot be read ({exc.strerror or exc})",
+                            fix="check the path and its permissions") from None
+
+
 def resolve_model(name: str, *, allow_hub: bool = True) -> ModelSpec:
     """Catalog name or alias, hub id, or a local folder with config.json; else UnknownModelError."""
     path = Path(name).expanduser()
-    if path.is_dir():
+    if is_folder(path):
         return spec_from_folder(path)
     models = load_models()
     index = _index(models)
@@ -324,6 +353,7 @@ def validate_config(config, where: str) -> dict:
     if heads % kv:
         raise DraftfitError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}",
                             fix="fix the head counts in config.json")
+    _validate_against_engines(cfg, where)
     for key in ("tie_word_embeddings",):
         if key in config and not isinstance(config[key], bool):
             raise DraftfitError(f"{where}: {key} = {config[key]!r} is not true/false", fix=f"fix {key} in config.json")
@@ -343,6 +373,89 @@ def validate_config(config, where: str) -> dict:
         raise DraftfitError(f"{where}: architectures = {archs!r} is not a list of names",
                             fix='e.g. "architectures": ["LlamaForCausalLM"]')
     return config
+
+
+# What vLLM and transformers accept, checked before anything is sized (each bound far above any published model):
+# layers (Llama-3.1-405B: 126), heads, widths, positions (Llama-4-Scout: 10M), vocabulary rows (Gemma: 262k).
+_SANE_LIMITS = {"num_hidden_layers": 4096, "num_attention_heads": 4096, "num_key_value_heads": 4096,
+                "head_dim": 4096, "hidden_size": 2**20, "intermediate_size": 2**22, "moe_intermediate_size": 2**22,
+                "vocab_size": 2**24, "max_position_embeddings": 2**28, "num_experts": 2**14,
+                "num_local_experts": 2**14, "n_routed_experts": 2**14, "num_experts_per_tok": 2**14,
+                "sliding_window": 2**28}
+# RoPE kinds vLLM 0.34 builds (model_executor/layers/rotary_embedding/__init__.py get_rope), plus transformers'
+# older names it renames ("su" -> longrope, "mrope" -> default).
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "deepseek_yarn", "deepseek_llama_scaling", "longrope", "su",
+              "llama3", "mllama4", "ntk", "mrope", "bailing_mrope", "proportional", "openpangu")
+MAX_ROPE_FACTOR = 1024.0  # published factors are 2..64 (YaRN 4, Llama-3.1 8, Scout 16)
+
+
+def _finite_number(v) -> bool:
+    import math
+
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _validate_rope(cfg: dict, where: str) -> None:
+    for key in ("rope_scaling", "rope_parameters"):
+        block = cfg.get(key)
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            raise DraftfitError(f"{where}: {key} = {str(block)[:60]!r} is not an object",
+                                fix=f'write {key} as an object, e.g. {{"rope_type": "yarn", "factor": 4.0}}, or drop it')
+        subs = [b for b in block.values() if isinstance(b, dict)] or [block]
+        for b in subs:
+            kind = b.get("rope_type", b.get("type", "default"))
+            if not isinstance(kind, str) or kind not in ROPE_TYPES:
+                raise DraftfitError(f"{where}: {key} type {str(kind)[:40]!r} is not a RoPE kind vLLM builds",
+                                    fix=f"use one of {', '.join(ROPE_TYPES[:8])}, ...")
+            for name in ("factor", "original_max_position_embeddings", "rope_theta", "beta_fast", "beta_slow"):
+                v = b.get(name)
+                if v is not None and not (_finite_number(v) and 0 < v <= (MAX_ROPE_FACTOR if name == "factor"
+                                                                           else 2**40)):
+                    raise DraftfitError(f"{where}: {key} {name} = {str(v)[:40]} is not a finite positive number"
+                                        + (f" up to {MAX_ROPE_FACTOR:g}" if name == "factor" else ""),
+                                        fix=f"fix {key}.{name} in config.json (copy it from the published config)")
+            if kind in ("linear", "dynamic", "yarn", "llama3", "deepseek_yarn") and b.get("factor") is None:
+                raise DraftfitError(f"{where}: {key} type {kind!r} has no factor",
+                                    fix=f"add {key}.factor to config.json (e.g. 4.0), or drop {key}")
+
+
+def _validate_against_engines(cfg: dict, where: str) -> None:
+    """What vLLM and transformers refuse while building the model, refused here first with the field named."""
+    for key, limit in _SANE_LIMITS.items():
+        v = cfg.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > limit:
+            raise DraftfitError(f"{where}: {key} = {v:,} is beyond any model vLLM can build (at most {limit:,})",
+                                fix=f"fix {key} in config.json (copy it from the model's published config)")
+    for key in ("rope_theta", "rms_norm_eps", "layer_norm_eps", "partial_rotary_factor", "initializer_range"):
+        v = cfg.get(key)
+        if v is not None and not (_finite_number(v) and v > 0):
+            raise DraftfitError(f"{where}: {key} = {str(v)[:40]} is not a finite positive number",
+                                fix=f"fix {key} in config.json (copy it from the model's published config)")
+    prf = cfg.get("partial_rotary_factor")
+    if prf is not None and prf > 1:
+        raise DraftfitError(f"{where}: partial_rotary_factor = {prf} is above 1 (vLLM: between 0.0 and 1.0)",
+                            fix="fix partial_rotary_factor in config.json")
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    if cfg.get("head_dim") is None and not cfg.get("kv_lora_rank") and hidden % heads:
+        raise DraftfitError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads} "
+                            "(and no head_dim is given)", fix="fix hidden_size or the head count, or add head_dim")
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+    topk = cfg.get("num_experts_per_tok")
+    if isinstance(topk, int) and isinstance(experts, int) and topk and experts and topk > experts:
+        raise DraftfitError(f"{where}: num_experts_per_tok {topk} is more than the {experts} experts (top-k of "
+                            "experts must be at most their number)", fix="fix num_experts_per_tok in config.json")
+    given = cfg.get("layer_types")
+    if given is not None:
+        if not isinstance(given, list) or not all(isinstance(t, str) for t in given):
+            raise DraftfitError(f"{where}: layer_types is not a list of layer kind names",
+                                fix='write e.g. ["sliding_attention", "full_attention", ...], one per layer')
+        if len(given) != cfg["num_hidden_layers"]:
+            raise DraftfitError(f"{where}: layer_types names {len(given)} layers, num_hidden_layers is "
+                                f"{cfg['num_hidden_layers']} (transformers refuses the mismatch)",
+                                fix="give layer_types one entry per layer, or drop it")
+    _validate_rope(cfg, where)
 
 
 FULL, SLIDING, LINEAR = "F", "S", "L"
@@ -724,23 +837,66 @@ _SHAPE_FIELDS = ("architecture", "hidden_size", "num_layers", "num_attention_hea
                  "intermediate_size", "vocab_size", "num_experts")
 
 
-def catalog_match(spec: ModelSpec) -> ModelSpec | None:
-    """The catalog entry a folder's config.json describes: same architecture and shapes. Several entries can
-    share a shape (a base and an instruct model, 3.0 and 3.1): the one whose name is closest to the folder's
-    name or hub id wins, then the one with the same context length."""
+@lru_cache(maxsize=1)
+def _tokenizer_markers() -> dict[str, tuple]:
+    """Each tokenizer family's (bos, eos, eos_id) from draftfit/catalogs/tokenizers.yaml: what tells apart two
+    catalog models that share every shape (Llama-3.1-8B and DeepSeek-R1-Distill-Llama-8B)."""
+    import yaml
+
+    data = yaml.load((CATALOG_DIR / "tokenizers.yaml").read_text(), Loader=_yaml_loader()) or {}
+    return {k: (v.get("bos"), v.get("eos"), v.get("eos_id")) for k, v in (data.get("tokenizers") or {}).items()
+            if isinstance(v, dict)}
+
+
+def _folder_markers(folder: str, config: dict) -> tuple[set[str], set[int]]:
+    """The special tokens a folder's tokenizer_config.json names and the eos ids its config.json names."""
+    names: set[str] = set()
+    try:
+        tok = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        tok = {}
+    for key in ("bos_token", "eos_token") if isinstance(tok, dict) else ():
+        v = tok.get(key)
+        v = v.get("content") if isinstance(v, dict) else v
+        if isinstance(v, str):
+            names.add(v)
+    eos = config.get("eos_token_id")
+    ids = {i for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int) and not isinstance(i, bool)}
+    return names, ids
+
+
+def catalog_match(spec: ModelSpec, config: dict | None = None) -> tuple[ModelSpec | None, str]:
+    """The catalog entry a config.json describes (same architecture and shapes) and why it was chosen. Several
+    entries can share a shape (a base model and its distill, 3.0 and 3.1). Never the folder's name (the same files
+    in `final` or `main` are the same model): a hub id the caller resolved, else the same context length, then the
+    folder's tokenizer specials (tokenizer_config.json bos/eos) and config.json eos ids against each entry's
+    tokenizer family, then catalog order."""
     shape = tuple(getattr(spec, f) for f in _SHAPE_FIELDS)
     hits = [m for m in load_models() if m.is_eagle == spec.is_eagle
             and tuple(getattr(m, f) for f in _SHAPE_FIELDS) == shape]
     if not hits:
-        return None
-    label = _normalize((spec.hub_id or spec.name).split("/")[-1])
+        return None, ""
+    if len(hits) == 1:
+        return hits[0], ""
+    hub = _normalize(spec.hub_id.split("/")[-1]) if spec.hub_id else ""
+    names, ids = _folder_markers(spec.local_path, config or {}) if spec.local_path else (set(), set())
+    markers = _tokenizer_markers()
 
-    def closeness(m: ModelSpec) -> tuple:
-        names = [m.name, *m.aliases, m.hub_id.split("/")[-1]]
-        ratio = max(difflib.SequenceMatcher(None, label, _normalize(n)).ratio() for n in names)
-        return (ratio, m.max_position_embeddings == spec.max_position_embeddings)
+    def score(i: int) -> tuple:
+        m = hits[i]
+        bos, eos, eos_id = markers.get(m.tokenizer, (None, None, None))
+        hub_hit = bool(hub) and hub in {_normalize(n.split("/")[-1]) for n in (m.name, *m.aliases, m.hub_id)}
+        return (hub_hit, m.max_position_embeddings == spec.max_position_embeddings,
+                len({bos, eos} & names), eos_id in ids, -i)
 
-    return max(hits, key=closeness)
+    best = max(range(len(hits)), key=score)
+    others = ", ".join(m.name for i, m in enumerate(hits) if i != best)
+    top = score(best)
+    tied = [i for i in range(len(hits)) if score(i)[:-1] == top[:-1]]
+    why = ("the hub id" if top[0] else "its tokenizer's special tokens" if len(tied) == 1 and top[2]
+           else "its eos token id" if len(tied) == 1 and top[3] else "its context length" if len(tied) == 1
+           else "catalog order: neither config.json nor the tokenizer files tell them apart")
+    return hits[best], f"shapes shared with {others}; chose {hits[best].name} by {why}"
 
 
 def spec_from_folder(path: Path, hub_id: str = "") -> ModelSpec:
@@ -764,7 +920,7 @@ def spec_from_folder(path: Path, hub_id: str = "") -> ModelSpec:
     local = str(path.resolve())
     spec = spec_from_config(config, name=path.name if not hub_id else hub_id.split("/")[-1],
                             hub_id=hub_id, local_path=local, tokenizer=f"local:{local}")
-    entry = catalog_match(spec)
+    entry, why = catalog_match(spec, config)
     if entry is None:
         return spec
     import dataclasses
@@ -774,7 +930,13 @@ def spec_from_folder(path: Path, hub_id: str = "") -> ModelSpec:
     return dataclasses.replace(entry, local_path=local, dtype=spec.dtype, quantization=spec.quantization,
                                unquantized_attention=spec.unquantized_attention,
                                dense_mlp_layers=spec.dense_mlp_layers if entry.is_moe else entry.dense_mlp_layers,
-                               source=f"{local}/config.json (matches catalog entry {entry.name})")
+                               # Its context and layer kinds too: a fine-tune cut to 2048 positions or given sliding
+                               # layers is what vLLM builds, whatever the catalog entry it shares shapes with says.
+                               max_position_embeddings=spec.max_position_embeddings,
+                               sliding_window=spec.sliding_window, layer_types=spec.layer_types,
+                               rope_scaling_factor=spec.rope_scaling_factor,
+                               source=f"{local}/config.json (matches catalog entry {entry.name}"
+                                      + (f"; {why})" if why else ")"))
 
 
 def spec_from_tokenizer_folder(path: Path) -> ModelSpec:

@@ -77,6 +77,14 @@ class LazyGroup(click.Group):
             _fail(argv, exc.message, exc.fix, exc.exit_code)
         except (KeyboardInterrupt, BrokenPipeError):
             _fail(argv, "interrupted", None, 130)
+        except RecursionError:  # a JSON/YAML file nested deeper than any real one (json's parser recurses)
+            _fail(argv, "an input file is nested too deeply to read (thousands of brackets)", "pass the real file",
+                  2)
+        except OSError as exc:  # the file system refused a path the user gave (name too long, a loop, no access)
+            if os.environ.get("DRAFTFIT_DEBUG"):
+                raise
+            _fail(argv, _os_error_line(exc), "check the path: each folder name at most 255 bytes, readable, "
+                  "on a file system with room", 2)
         except Exception as exc:  # a bug: still one line, the traceback on request
             if os.environ.get("DRAFTFIT_DEBUG"):
                 raise
@@ -85,6 +93,15 @@ class LazyGroup(click.Group):
         if standalone_mode:
             sys.exit(code or 0)
         return code
+
+
+def _os_error_line(exc: OSError) -> str:
+    import errno
+
+    where = str(exc.filename)[:120] + ("..." if len(str(exc.filename)) > 120 else "") if exc.filename else "a path"
+    if exc.errno == errno.ENAMETOOLONG:
+        return f"{where}: a folder or file name in it is over 255 bytes"
+    return f"{where}: {exc.strerror or type(exc).__name__}"
 
 
 def _fail(argv: list[str], message: str, fix: str | None, exit_code: int):

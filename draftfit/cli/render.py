@@ -42,15 +42,21 @@ def console():
 
 def table(title: str | None, columns: list[str], rows: list[list[Any]], caption: str | None = None,
           overflow: str = "ellipsis"):
+    """A rich table of data: every str title, caption, header and cell is escaped (a folder named `ckpt [/old]`
+    or a header "α [band]" is text, not markup); pass a rich Text for a styled cell."""
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    # Headers and cells are text, not markup: "α [band]" or a folder named "ckpt [/old]" must print as written.
-    t = Table(title=title, caption=caption, header_style="bold")
+    def cell(v):
+        return v if isinstance(v, Text) else escape("" if v is None else str(v))
+
+    t = Table(title=None if title is None else escape(title), caption=None if caption is None else escape(caption),
+              header_style="bold")
     for col in columns:
         t.add_column(escape(col), overflow=overflow)
     for row in rows:
-        t.add_row(*["" if v is None else escape(str(v)) for v in row])
+        t.add_row(*[cell(v) for v in row])
     return t
 
 

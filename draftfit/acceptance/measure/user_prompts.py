@@ -106,6 +106,9 @@ def load_prompts_file(path: str | Path, max_prompts: int | None = None) -> UserP
         where = f"{path.name} line {n}"
         try:
             row = json.loads(raw)
+        except RecursionError:  # json's parser recurses per bracket: no real request nests thousands deep
+            raise DraftfitError(f"{where} nests too deeply to be a request",
+                                fix='one flat JSON object per line, e.g. {"prompt": "..."}') from None
         except ValueError as exc:
             raise DraftfitError(f"{where} is not JSON ({str(exc).splitlines()[0][:80]})",
                                 fix="one JSON object per line (JSONL)") from None

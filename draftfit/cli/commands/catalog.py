@@ -38,6 +38,8 @@ def catalog():
 def list_cmd(gpus: bool, family: str | None, as_json: bool):
     """Catalog models (or GPUs) with the numbers draftfit uses."""
 
+    if gpus and family:  # families are of models; dropping it silently would list every GPU as if filtered
+        raise DraftfitError("--family filters models, not GPUs", fix="drop --family, or drop --gpus")
     if gpus:
         items = _require_gpus()
         if as_json:

@@ -7,7 +7,7 @@ import click
 from draftfit.cli.render import json_option
 from pathlib import Path
 
-from draftfit.catalog.specs import resolve_model, spec_from_tokenizer_folder
+from draftfit.catalog.specs import is_folder, resolve_model, spec_from_tokenizer_folder
 from draftfit.errors import DraftfitError
 from draftfit.layout import check_name
 from draftfit.cli.render import console, emit_json, table
@@ -57,11 +57,27 @@ def _present(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
+# Slow-format tokenizer files (GPT-2 style BPE, SentencePiece) that transformers converts to a tokenizer.json.
+SLOW_TOKENIZER_FILES = (("vocab.json", "merges.txt"), ("tokenizer.model",), ("spiece.model",))
+
+
+def _refuse_slow_tokenizer(folder: Path) -> None:
+    """A folder whose tokenizer ships only in a slow format: the real problem, not "no config.json"."""
+    for files in SLOW_TOKENIZER_FILES:
+        if all(_present(folder / f) for f in files):
+            raise DraftfitError(
+                f"{folder} holds a slow-format tokenizer ({' + '.join(files)}) and no tokenizer.json, which is what "
+                "draftfit compares", fix="write the fast format beside it: python -c \"from transformers import "
+                f"AutoTokenizer as T; T.from_pretrained('{folder}').save_pretrained('{folder}')\", then run check again")
+
+
 def _resolve(name: str, catalog_only: bool):
     """A catalog name, hub id or model folder; a folder with tokenizer files but no config.json is checked on
     its tokenizer alone (embedding rows unknown). A folder's own tokenizer files are what `check` compares."""
     folder = Path(name).expanduser()
-    if folder.is_dir() and not _present(folder / "config.json") and _present(folder / "tokenizer.json"):
+    if is_folder(folder) and not _present(folder / "tokenizer.json"):
+        _refuse_slow_tokenizer(folder)
+    if is_folder(folder) and not _present(folder / "config.json") and _present(folder / "tokenizer.json"):
         return spec_from_tokenizer_folder(folder)
     spec = resolve_model(name)
     if spec.local_path and not catalog_only and not _present(Path(spec.local_path) / "tokenizer.json"):
@@ -93,6 +109,8 @@ def check(target: str, draft: str, catalog_only: bool, as_json: bool):
         emit_json(data)
         return
 
+    from rich.markup import escape as esc
+
     out = console()
     if not out.is_terminal:  # piped: rich's 80-column default would truncate paths and fingerprints
         out.width = max(out.width, 160)
@@ -101,22 +119,22 @@ def check(target: str, draft: str, catalog_only: bool, as_json: bool):
                     caption=f"source: {report.source}; fingerprints are sha256[:16]"))
     style = VERDICT_STYLE.get(report.verdict, "bold")
     diff = f", {report.differing_ids} differing ids" if report.differing_ids >= 0 else ""
-    out.print(f"tokenizers: [{style}]{report.verdict}[/]{diff} (from {report.source})")
+    out.print(f"tokenizers: [{style}]{esc(report.verdict)}[/]{diff} (from {esc(report.source)})")
     vllm = ("[yellow]unknown[/] (no config.json, so no embedding rows to compare)" if report.vllm_accepts is None
             else "[green]starts the pair[/]" if report.vllm_accepts else "[red]refuses the pair[/]")
     if starts is not None and not starts[0]:
-        vllm = f"[red]accepts the vocabularies, then fails at start-up[/]: {starts[1]}"
+        vllm = f"[red]accepts the vocabularies, then fails at start-up[/]: {esc(starts[1])}"
     elif starts is not None and "KV-cache group" in starts[1]:
-        vllm += f": {starts[1]}"
+        vllm += f": {esc(starts[1])}"
     out.print(f"vLLM: {vllm}", highlight=False)
     if starts is not None and starts[2]:
-        out.print(f"[bold]fix (vLLM start-up):[/] {starts[2]}", highlight=False)
+        out.print(f"[bold]fix (vLLM start-up):[/] {esc(starts[2])}", highlight=False)
     if report.warning:
-        out.print(f"[bold red]WARNING: {report.warning}[/]")
+        out.print(f"[bold red]WARNING: {esc(report.warning)}[/]")
     for note in report.notes:
-        out.print(f"  • {note}", highlight=False)
+        out.print(f"  • {note}", highlight=False, markup=False)
     if report.first_differences:
         out.print(table("first differing ids", ["id", "target", "draft"],
                         [[x["id"], repr(x["target"]), repr(x["draft"])] for x in report.first_differences]))
     if report.fix:
-        out.print(f"[bold]fix:[/] {report.fix}", highlight=False)
+        out.print(f"[bold]fix:[/] {esc(report.fix)}", highlight=False)

@@ -68,7 +68,9 @@ def preflight(ctx, target, draft, gpu, tp, k, max_model_len, util, batch, worklo
         con = console()
         if not con.is_terminal:
             con.width = max(con.width, 160)
-        rows = [[f"[{_STYLE[c.status]}]{c.status}[/{_STYLE[c.status]}]", c.name, c.detail, c.fix or ""]
+        from rich.text import Text
+
+        rows = [[Text(c.status, style=_STYLE[c.status]), c.name, c.detail, c.fix or ""]
                 for c in rep.checks]
         title = f"preflight: {target} + {draft}, TP={tp}, K={k}" + (f", {gpu}" if gpu else "")
         con.print(table(title, ["status", "check", "detail", "fix"], rows))

@@ -169,9 +169,9 @@ def _print_table(result, show_all: bool = False) -> None:
     cites = sorted({(c.acceptance_source, c.acceptance_citation) for c in shown
                     if c.acceptance_source.startswith(("prior", "replay")) and c.acceptance_citation and c.group == 0})
     for src, cit in cites:
-        con.print(f"[dim]{src}: {cit}[/dim]", highlight=False)
+        con.print(f"{src}: {cit}", style="dim", highlight=False, markup=False)
     for n in result.notes:
-        con.print(f"[dim]note: {n}[/dim]", highlight=False)
+        con.print(f"note: {n}", style="dim", highlight=False, markup=False)
     con.print(f"[dim]ranked {len(result.candidates)} drafts in {result.elapsed_s:.2f}s; "
               f"`--explain DRAFT` shows every number behind one row, `--json` for machines[/dim]", highlight=False)
 

@@ -26,7 +26,8 @@ CSV_COLUMNS = ["id", "status", "backend", "target", "draft", "workload", "temper
 
 def _open(store_path):
 
-    return MeasurementStore(store_path)
+    # runs list/show/export only read: a store that does not exist yet is empty, and nothing is created.
+    return MeasurementStore(store_path, read_only=True)
 
 
 @click.group()

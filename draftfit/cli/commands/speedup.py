@@ -17,7 +17,8 @@ from draftfit.acceptance.store import MeasurementStore
 from draftfit.speedup.correction import load_default
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.layout import (KV_CACHE_DTYPES, check_batches, check_choice, check_float, check_int, check_k, check_quantization,
-                             check_temperature, check_tp, check_vllm_version, parse_float_list, parse_int_list)
+                             check_k_list, check_temperature, check_tp, check_vllm_version, parse_float_list,
+                             parse_int_list)
 from draftfit.engine.versions import resolve_vllm_version
 
 CLOSED_FORM_K_MAX = 16
@@ -34,6 +35,12 @@ def _acceptance_from_run(run_id: int):
     curve = list(getattr(res, "per_position", None) or [])
     alpha = getattr(res, "acceptance_rate", None)
     return res, (curve or None), alpha
+
+
+# (parameter, option) pairs only prediction mode reads.
+_PREDICTION_ONLY = (("tp", "--tp"), ("batch_text", "--batch"), ("context_len", "--context-len"),
+                    ("quantization", "--quantization"), ("kv_cache_dtype", "--kv-cache-dtype"),
+                    ("learned_correction", "--learned-correction"), ("vllm_version", "--vllm-version"))
 
 
 @click.command(name="speedup")
@@ -131,7 +138,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         resolve_gpu(gpu)
         check_tp(t_spec, tp)
         batches = list(check_batches(parse_int_list(batch_text, "--batch")))
-        ks = [check_k(k) for k in parse_int_list(k_text, "--k", "1,2,4")] if k_text is not None else list(range(1, 9))
+        ks = check_k_list(k_text, "--k", "1,2,4") if k_text is not None else list(range(1, 9))
         check_int(context_len, "--context-len", 1, t_spec.max_position_embeddings or 10**7,
                   fix=f"pass --context-len up to {t_spec.name}'s {t_spec.max_position_embeddings or 10**7} positions")
         used, modelled, version_note = resolve_vllm_version(version_given)
@@ -170,13 +177,23 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
             click.echo(f"plot: {plot_path}")
         return
 
+    # The closed form reads only --alpha/--acceptance-curve/--run, --k and --c: a prediction-mode option given
+    # here would be silently ignored (--tp 0 exited 0), so it is refused.
+    ctx = click.get_current_context()
+    ignored = [opt for param, opt in _PREDICTION_ONLY
+               if ctx.get_parameter_source(param) not in (None, click.core.ParameterSource.DEFAULT)]
+    if ignored:
+        raise DraftfitError(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} only to prediction "
+                            "mode (--target, --draft and --gpu)",
+                            fix=f"drop {', '.join(ignored)}, or add --target/--draft/--gpu")
     if k_text is None or c is None:
         raise DraftfitError("closed-form mode needs --k and --c", fix="e.g. --alpha 0.8 --k 4 --c 0.05, "
                             "or give --target/--draft/--gpu for a prediction")
 
-    k = [check_k(x, "--k", CLOSED_FORM_K_MAX) for x in parse_int_list(k_text, "--k", "4")]
-    if len(k) != 1:
-        raise DraftfitError("closed-form mode takes one K", fix="e.g. --k 4")
+    k = parse_int_list(k_text, "--k", "4")
+    if len(k) != 1:  # before the bounds: "--k 1..1000" is a list, not "--k 9 is outside 1..8"
+        raise DraftfitError(f"closed-form mode takes one K (--k {k_text} names {len(k)})", fix="e.g. --k 4")
+    k = [check_k(k[0], "--k", CLOSED_FORM_K_MAX)]
     if plot_path:
         raise DraftfitError("--plot needs --target, --draft and --gpu", fix="drop --plot")
     if explain:
@@ -192,7 +209,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
     con.print(f"speedup {res.speedup:.3f}x  (E = {res.expected_tokens_per_step:.3f} tokens per target step, "
               f"K = {res.k}, c = {res.c}; acceptance {acc_source})")
     con.print(f"best K for this acceptance and c: {res.best_k} ({res.per_k[res.best_k]:.3f}x)")
-    con.print(f"[dim]source: {res.source}[/dim]")
+    con.print(f"source: {res.source}", style="dim", markup=False)
 
 
 def _render_terms(pred) -> None:
@@ -239,7 +256,7 @@ def _render_prediction(pred, con) -> None:
     if pred.k_schedule:
         con.print(f"per-batch K schedule (num_speculative_tokens_per_batch_size): {[list(r) for r in pred.k_schedule]}")
     for n in pred.notes:
-        con.print(f"[dim]note: {n}[/dim]")
+        con.print(f"note: {n}", style="dim", markup=False)
 
 
 def plot_prediction(pred, path: str) -> str:

@@ -69,6 +69,14 @@ def _cell_json(c, kind: str) -> dict:
     return d
 
 
+# (parameter, option) pairs each kind of cell ignores.
+_MEASURE_ONLY = (("workloads_text", "--workloads"), ("temperatures_text", "--temperatures"),
+                 ("prompts_file", "--prompts-file"), ("num_prompts", "--prompts"), ("seed", "--seed"),
+                 ("max_model_len", "--max-model-len"))
+_CALIBRATE_ONLY = (("batch_text", "--batch"), ("acceptance", "--acceptance"), ("repeats", "--repeats"),
+                   ("budget_s", "--budget-s"), ("lanes_dir", "--lanes-dir"), ("tables_dir", "--tables-dir"))
+
+
 @click.command(name="sweep")
 @click.argument("target")
 @click.option("--drafts", "drafts_text", required=True,
@@ -126,6 +134,16 @@ def sweep(target, drafts_text, workloads_text, temperatures_text, prompts_file, 
     if ray_address is not None and not ray_address.strip():
         raise DraftfitError("--ray-address is empty", fix="pass auto or HOST:PORT, or leave it out for a local Ray")
 
+    # An option the chosen kind of cell does not use is refused, not silently dropped (a typo'd --temperatures
+    # under --calibrate would otherwise look accepted).
+    ctx = click.get_current_context()
+    unused = _MEASURE_ONLY if calibrate else _CALIBRATE_ONLY
+    given = [opt for param, opt in unused
+             if ctx.get_parameter_source(param) not in (None, click.core.ParameterSource.DEFAULT)]
+    if given:
+        kind = "--calibrate cells" if calibrate else "measure cells (no --calibrate)"
+        raise DraftfitError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to {kind}",
+                            fix=f"drop {', '.join(given)}" + ("" if calibrate else ", or add --calibrate"))
     if calibrate:
         ks = _ints("1,2,3,4,6,8" if k_text is None else k_text, "--k", CALIBRATE_K_MAX, "1..8")
         batches = _ints(batch_text, "--batch", MAX_BATCH, "1,8,32,128")
@@ -210,4 +228,4 @@ def _render(result) -> None:
     for t in result.tables:
         con.print(f"table written: {t}")
     for n in result.notes:
-        con.print(f"[dim]{n}[/]")
+        con.print(n, style="dim", markup=False)

@@ -102,7 +102,7 @@ def _print_table(result, show_all: bool = False) -> None:
     narrow = con.width < _NARROW_COLS
     title = (f"{result.target.name} on {result.gpu.name} x{result.tp}, max_model_len "
              f"{result.layout.max_model_len}, {result.workload}, T={result.temperature:g}")
-    con.print(f"[bold]{title}[/bold]", highlight=False)
+    con.print(title, style="bold", highlight=False, markup=False)  # a folder name is text, not markup
     w = next((c for c in result.candidates if c.draft == result.winner), None)
     if w is not None and result.serve_command:
         for i, line in enumerate(_winner_lines(result, w)):

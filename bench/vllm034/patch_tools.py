@@ -65,7 +65,8 @@ def main():
     c, n_v2 = re.subn(r'env=\{"VLLM_USE_V2_MODEL_RUNNER": "0"\}', 'env={}', c)
     if n_v2:
         notes.append(f"dropped VLLM_USE_V2_MODEL_RUNNER=0 from {n_v2} engine spec(s) (forward_probe runs on V2)")
-    if re.search(r'VLLM_USE_V2_MODEL_RUNNER["\']?\s*[:=]\s*["\']?0', c):
+    code = "\n".join(ln.split("#", 1)[0] for ln in c.splitlines())  # comments may name the variable
+    if re.search(r'VLLM_USE_V2_MODEL_RUNNER["\']?\s*[:=]\s*["\']?0', code):
         sys.exit("patch_tools: gpu_campaign.py still sets VLLM_USE_V2_MODEL_RUNNER=0 somewhere; 0.34 rejects it")
     c = soft(c, '"Actual usage"))][:6]', '"Actual usage", "Using V2", "CUDA graph pool",\n'
                 '                                                 "Estimated CUDA graph"))][:10]', "summary lines", notes)
@@ -73,9 +74,10 @@ def main():
     if not has034:
         c = p33.sub(c, 'def _with_c2(table: dict) -> dict:', PHASES034, "_with_c2")  # PHASES034 ends with that line
         c = p33.sub(c, 'all_phases = _with_c2(phases(args.work_dir))',
-                    'all_phases = dict(_with_c2(phases(args.work_dir)), **phases034())', "all_phases")
-        notes.append("gpu_campaign.py has no M034/S034: added stand-ins (the 0.33 engines under 0.34 names); "
-                     "rerun --tools-only after MEM34's phases are merged")
+                    '# the source\'s own phases win over the stand-ins\n'
+                    '    all_phases = dict(phases034(), **_with_c2(phases(args.work_dir)))', "all_phases")
+        notes.append("gpu_campaign.py lacks M034 or S034: added stand-ins for what it lacks (the 0.33 engines under "
+                     "0.34 names); rerun --tools-only after MEM34's phases are merged")
     open(os.path.join(a.dest, "gpu_campaign.py"), "w").write(c)
     dst = os.path.join(a.dest, "configs")
     shutil.rmtree(dst, ignore_errors=True)

@@ -62,7 +62,8 @@ fetch extra
 cp "$here/setup034.sh" "$here/check034.py" "$here/patch_vllm034.py" "$here/parse_commands.py" "$here/resume.sh" \
    "$here/check_serve.sh" "$here/seed_done.json" "$here/../vllm033/sitecustomize.py" "$here/../vllm033/nccl_shim.c" \
    "$DEST/tools/"
-cp "$here/../vllm033/check033.py" "$DEST/tools/check033_gpu.py"  # check034.py runs 0.33's GPU checks first
+# check034.py runs 0.33's GPU checks first; its closing line renamed, so that only check034.py says "imports ok"
+sed 's/\[check\] imports ok in/[check] GPU checks passed in/' "$here/../vllm033/check033.py" > "$DEST/tools/check033_gpu.py"
 gcc -O2 -shared -fPIC -o "$DEST/tools/libnccl_shim.so" "$here/../vllm033/nccl_shim.c"
 python3 "$here/patch_tools.py" "$DEST/tools"
 # draftfit's serve commands for the device check (the tree's own serve-cmd path; needs the project's venv)

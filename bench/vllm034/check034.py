@@ -4,11 +4,12 @@ vLLM + FA3, LLM, the V2 model runner); then the modules the campaign and the ser
 engine args and the `vllm serve` parser, the V1 engine core, the GPU worker, the V2 runner's speculators (draft
 model / EAGLE, n-gram, suffix), kernel warmups, the Llama/Qwen3/EAGLE-3 models, quantization. Prints
 "[check] imports ok" last only when all of them imported (setup034.sh's caller greps for it)."""
-import importlib, os, sys, time
+import importlib, os, runpy, sys, time
 t = time.time()
 here = os.path.dirname(os.path.abspath(__file__))
-src = open(os.path.join(here, "check033_gpu.py")).read().replace("[check] imports ok", "[check] base imports ok")
-exec(compile(src, "check033_gpu.py", "exec"), {"__name__": "__check__"})
+# a file, not exec'd text: triton's @jit reads the kernel's source back from it (prepare_vllm034.sh renamed its
+# "imports ok" line to "GPU checks passed")
+runpy.run_path(os.path.join(here, "check033_gpu.py"), run_name="__check__")
 import vllm
 mods = ["vllm.engine.arg_utils", "vllm.entrypoints.common.cli_args", "vllm.utils.argparse_utils",
         "vllm.config.speculative", "vllm.v1.engine.core", "vllm.v1.engine.llm_engine", "vllm.v1.worker.gpu_worker",

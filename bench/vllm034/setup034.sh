@@ -23,6 +23,7 @@ echo "[setup] unpacked in $(( $(date +%s) - T0 ))s: $(du -sh /root/site2 | cut -
 cat > /root/env034.sh <<'EOT'
 export PYTHONPATH=/root/site2 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1
+unset VLLM_USE_V2_MODEL_RUNNER  # 0.34: any value but 1 is a start-up error
 EOT
 . /root/env034.sh
 if ! python3 -c "import torch" > /tmp/imp.err 2>&1; then

@@ -676,8 +676,8 @@ def test_graph_limit_note_says_where_the_prior_prices_an_eager_verify():
 
 
 def test_heads_pay_a_plain_steps_host_overhead_on_either_runner():
-    """vLLM keeps async scheduling on for EAGLE/MTP heads and off for draft_model and the CPU n-gram proposer
-    (config/vllm.py), so a head's speculative step carries a plain step's host overhead, not the fixed cost the
+    """vLLM keeps async scheduling on for EAGLE/MTP heads and (0.26) off for draft_model and the n-gram proposer
+    (config/vllm.py VllmConfig.__post_init__), so a head's speculative step carries a plain step's host overhead, not the fixed cost the
     draft_model tables fitted: on the V2 runner (a dense target's head) and on V1 (an MoE target's MTP layers)."""
     from draftfit.catalog.specs import method_drafter, mtp_drafter
     from draftfit.speedup.stepcost import (fitted_overheads, gpu_spec, head_on_async_runner, heads_async_scheduling,
@@ -701,6 +701,28 @@ def test_heads_pay_a_plain_steps_host_overhead_on_either_runner():
         else:
             assert heads_async_scheduling(draft) and head_on_async_runner(target, draft, "0.26") is v2
             assert p.spec_overhead_ms == pytest.approx(0.0, abs=1e-12)
+
+
+def test_ngram_and_suffix_steps_are_the_verify_a_plain_overhead_and_one_lookup_per_sequence():
+    """n-gram / suffix (vLLM source, docs/VLLM_VERSIONS.md "n-gram and suffix step path"): no draft pass, one lookup
+    per sequence, the terms add up to the step, and their sources say where vLLM keeps async scheduling on (0.34,
+    0.33's V2 n-gram) and where the plain overhead is only a floor (0.26, 0.33's suffix: async off, host lookup)."""
+    from draftfit.catalog.specs import method_drafter
+    from draftfit.speedup.stepcost import fitted_overheads, gpu_spec, model_spec, prior_step_cost
+
+    ov, g, t = fitted_overheads(), gpu_spec("H200"), model_spec("Llama-3.1-8B")
+    for method in ("ngram", "suffix"):
+        p = prior_step_cost(t, method_drafter(method, t), g, batch=8, k_values=[1, 4], overheads=ov)
+        for k in (1, 4):
+            terms = p.terms[k]
+            assert set(terms) == {"verify", "fixed_host", "draft_lookup_per_seq"}
+            assert sum(x["ms"] for x in terms.values()) == pytest.approx(p.spec_step_ms[k])
+            assert terms["draft_lookup_per_seq"]["ms"] == pytest.approx(8 * ov["draft_seq_ms"])  # not x K
+            assert p.spec_step_ms[k] >= p.base_step_ms
+        src = p.terms[4]["fixed_host"]["source"]
+        assert "0.34" in src and "floor on 0.26" in src and "suffix" in src
+        lookup = p.terms[4]["draft_lookup_per_seq"]["source"]
+        assert "ngram_proposer.py" in lookup and "Triton" in lookup
 
 
 def test_cli_prediction_without_acceptance_prices_the_pair_as_rank_does(tmp_path, monkeypatch, request):

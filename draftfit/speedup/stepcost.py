@@ -71,12 +71,14 @@ DRAFT_LAYER_MS = 0.21
 # scheduler loop (70B TP=2 + 1B/8B drafts against the TP=1 pairs, fitted per TP).
 DRAFT_LAYER_MP_MS = 0.15
 DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, next-token gather on the host)
-# ngram and suffix have no model (catalog.specs.method_drafter: zero layers, zero weights), so each of their K
-# "passes" costs FORWARD_LAUNCH_MS plus DRAFT_SEQ_MS per sequence, whichever method it is. Suffix gets no term of
-# its own: arctic-inference's tree walk (SuffixDecodingCache.add_active_response + speculate, what vLLM's suffix
-# proposer runs per request per step) measured 12-21 us per sequence per step on the shipped outputs
-# (bench/suffix_replay.py, docs/benchmarks.md suffix-replay), under the DRAFT_SEQ_MS x K already charged; no
-# published figure says more, so a separate constant would rest on nothing.
+# ngram and suffix have no model (catalog.specs.method_drafter: zero layers, zero weights): prior_step_cost charges
+# their lookup once per sequence per step (DRAFT_SEQ_MS), not K passes. Where vLLM runs that lookup depends on the
+# version (docs/VLLM_VERSIONS.md "n-gram and suffix step path per vLLM version"): on the host after the sampled tokens
+# are copied back on 0.26 (both) and 0.33 (suffix; ngram only on the V1 runner), as two Triton kernels on the GPU on
+# 0.34 (both) and 0.33's default V2 runner (ngram). Suffix's host tree walk (arctic-inference SuffixDecodingCache
+# add_active_response + speculate, 0.26/0.33 v1/spec_decode/suffix_decoding.py propose()) measured 12-21 us per
+# sequence per step on the shipped outputs (bench/suffix_replay.py, docs/benchmarks.md suffix-replay, this machine's
+# CPU, not the H200 host): above the 10 us DRAFT_SEQ_MS charged, so suffix's lookup term on 0.26/0.33 is low.
 # A verify of batch x (K+1) tokens above vLLM's largest captured CUDA graph (512 tokens by default with a
 # draft) runs without a graph (seen: Llama-3.1-8B K=4 at batch 128). The draft's first pass reads the same
 # batch x (K+1) tokens, so it does too.
@@ -525,18 +527,22 @@ def draft_pass_ms(roofline_ms: float, num_layers: int, layer_ms: float) -> float
     return max(roofline_ms, num_layers * layer_ms)
 
 
-# Drafting methods that run no draft forward pass (catalog.specs.method_drafter: no model): their proposal is a host
-# lookup, priced by prior_step_cost without any draft pass or the draft_model tables' fitted fixed cost.
+# Drafting methods that run no draft forward pass (catalog.specs.method_drafter: no model): their proposal is a lookup
+# (on the host or in a GPU kernel, by vLLM version: see the DRAFT_SEQ_MS comment), priced by prior_step_cost without
+# any draft pass or the draft_model tables' fitted fixed cost.
 NO_FORWARD_METHODS = ("ngram", "suffix")
 
 
 def heads_async_scheduling(draft) -> bool:
     """Whether vLLM schedules the next step while this one runs with `draft`: on by default for EAGLE/MTP heads and
-    off for draft_model and the CPU n-gram / suffix proposers (0.26 config/vllm.py: async_scheduling None becomes True
-    unless the method is outside EagleModelTypes / NgramGPUTypes). The draft_model tables' fitted fixed cost
+    off for draft_model and the n-gram / suffix proposers under 0.26 (config/vllm.py VllmConfig.__post_init__:
+    async_scheduling None becomes False for a method outside EagleModelTypes / NgramGPUTypes ("ngram_gpu") / dspark).
+    0.33 turns it off only on the V1 runner (same check, draft_model/dflash/dspark exempt; suffix always runs there),
+    0.34 for no method. The draft_model tables' fitted fixed cost
     (spec_ms, spec_seq_ms) is what a step pays without it; a head's step pays a plain step's host overhead instead, on
     either runner: on V1, Qwen3-Next's shapes with their MTP layer (phase HS) came 22 % under the measured speedups
-    with the fitted cost and 14 % with this rule, which was made after that score (no held-out V1 head exists)."""
+    with the fitted cost and 14 % with this rule, which was made after that score (no held-out V1 head exists).
+    ngram/suffix do not go through this rule (prior_step_cost: NO_FORWARD_METHODS)."""
     return bool(getattr(draft, "is_eagle", False))
 
 
@@ -596,10 +602,13 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
             verify[k] = eager_forward_ms(target, verify[k])
             first[k] = eager_forward_ms(draft, first[k])
         if no_forward:
-            # n-gram / suffix: no draft forward at all (vLLM's proposer looks the K tokens up per request on the host,
-            # v1/spec_decode/ngram_proposer.py propose(): one lookup per sequence, not K passes), so the step is the
-            # verify plus a plain step's host overhead and one lookup per sequence; it carries none of the
-            # draft_model tables' fitted fixed cost (spec_ms, spec_seq_ms), which is a draft model's proposer's
+            # n-gram / suffix: no draft forward at all, one lookup per sequence (host numba / arctic-inference tree
+            # on 0.26 and 0.33's V1 runner, two Triton kernels on the V2 runner: docs/VLLM_VERSIONS.md "n-gram and
+            # suffix step path"), so the step is the verify of B x (K+1) tokens plus a plain step's host overhead and
+            # the lookup. The K+1 width is exact on the V2 runner (fixed-width drafts, a no-match slot filled with
+            # the last sampled token) and an upper bound on V1 (a sequence with no match verifies 1 token). Where
+            # async scheduling is off (0.26; 0.33 suffix) the plain overhead, fitted with it on, is a floor. It
+            # carries none of the draft_model tables' fitted fixed cost (spec_ms, spec_seq_ms): a draft model's.
             spec[k] = verify[k] + fixed_ms + batch * ov["draft_seq_ms"]
         elif async_head:
             # The head's K passes on the GPU one after another (the first over the B x (K+1) verified tokens), each
@@ -637,9 +646,10 @@ def _step_terms(spec_ms: float, verify_ms: float, verify_host_ms: float, fixed_m
         out["moe_per_token"] = {"ms": moe_ms, "source": f"{fit} (MoE tables, moe_token_layer_ms)"}
     heads_or_none = async_head or no_forward or fixed_ms == ov["plain_ms"] + ov["plain_seq_ms"] * batch
     if no_forward:  # not measured: no n-gram table exists (issue 37 item 2, the H200 part, is open)
-        src = ("a plain step's host overhead, fitted on the tables' baselines (plain_ms, plain_seq_ms); no draft "
-               "proposer state (vLLM source: ngram_proposer.py); a floor where vLLM turns async scheduling off for "
-               "the CPU proposer (heads_async_scheduling)")
+        src = ("a plain step's host overhead, fitted on the tables' baselines (plain_ms, plain_seq_ms): vLLM 0.34 and "
+               "0.33's V2 runner (ngram) keep async scheduling on; a floor on 0.26 and for 0.33's suffix, where "
+               "config/vllm.py turns it off and the step runs the lookup after the sampled tokens reach the host "
+               "(docs/VLLM_VERSIONS.md n-gram and suffix step path)")
     elif heads_or_none:
         src = ("a plain step's host overhead, fitted on the tables' baselines (plain_ms, plain_seq_ms); vLLM source: "
                "async scheduling stays on for EAGLE/MTP heads (heads_async_scheduling)")
@@ -647,7 +657,10 @@ def _step_terms(spec_ms: float, verify_ms: float, verify_host_ms: float, fixed_m
         src = f"{fit} (spec_ms, spec_seq_ms)"
     out["fixed_host"] = {"ms": fixed_ms, "source": src}
     out["draft_lookup_per_seq" if no_forward else "draft_per_seq"] = {
-        "ms": seq_ms, "source": f"{fit} (draft_seq_ms)"}
+        "ms": seq_ms, "source": f"{fit} (draft_seq_ms)" + (
+            ", charged once per sequence for the lookup (host: v1/spec_decode/ngram_proposer.py numba, "
+            "suffix_decoding.py arctic-inference on 0.26/0.33's V1 runner; GPU: v1/worker/gpu/spec_decode/ngram, "
+            "suffix speculator.py Triton kernels on the V2 runner); not measured" if no_forward else "")}
     passes = spec_ms - sum(t["ms"] for t in out.values())
     if not no_forward:
         out["draft_passes"] = {"ms": passes, "source": "roofline per pass, or the host launch per draft layer "

@@ -142,6 +142,9 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("rank", rank, "--max-model-len", _pick(I, extra=[ABSURD_LEN]))
     b.option("rank", rank, "--util", _pick(F, extra=["1.5"]))
     b.option("rank", ["rank", "--gpu", GPU], "--target", ["NoSuchModel", "", "no-such-org/no-such-model", " "])
+    # --all (a flag: every drafter, incompatible ones too) beside a bad target and a bad value for it
+    b.option("rank", ["rank", "--all", "--gpu", GPU], "--target", ["NoSuchModel"])
+    b.option("rank", ["rank", "--target", M_T], "--all", ["yes"])
     b.option("rank", ["rank", "--target", M_T], "--gpu", ["NoSuchGPU", "", "H100,H200"])
     b.option("rank", rank, "--explain", ["NoSuchDraft", ""])
     b.option("rank", rank, "--candidates", [",", ",,", "NoSuchModel", "{tmp}/path-nonexistent"],

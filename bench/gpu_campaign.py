@@ -549,9 +549,19 @@ def phases034() -> dict:
             + [ngram_engine(l8, k, **timed) for k in (1, 5)]
             + [engine(t, d, k, **timed) for k in (3, 6) for t, d in ((l8, l1), (q8, q06))]
             + [dict(engine(l8, e3, 2, **timed), method="eagle3")])
+    # Second lease (2026-12-05): the first lease ran S034-first's first three engines. Baselines are re-run (a
+    # lease's host speed moves small-draft steps up to 2x), then, most valuable first: a Llama K table (K 2, 1, 6,
+    # 3 beside the first lease's K 4), the pre-registered n-gram and EAGLE-3 points, the Qwen pair at K 4, the rest.
+    # Every engine here was in S034's committed predictions (draftfit/data/predictions/2026-12-04_*stepcost*).
+    by_id = {e["id"]: e for e in first + rest}
+    l8l1 = {k: engine(l8, l1, k, **timed)["id"] for k in (1, 2, 3, 4, 6)}
+    order = [first[0]["id"], l8l1[2], first[5]["id"], first[4]["id"], l8l1[1], l8l1[6], l8l1[3],
+             first[2]["id"], first[3]["id"], l8l1[4]]
+    second = [by_id[i] for i in order] + [e for e in first + rest if e["id"] not in order]
     return {"M034": [("gpu0", "0", 110, m034)],
             "S034": [("gpu0", "0", 110, first + rest)],
-            "S034-first": [("gpu0", "0", 110, first)]}
+            "S034-first": [("gpu0", "0", 110, first)],
+            "S034-b": [("gpu0", "0", 110, second)]}
 
 
 def _with_c2(table: dict) -> dict:

@@ -103,18 +103,20 @@ def check_one(entry, parser, validate, configs):
         res["parsed"] = {k: getattr(args, k, None) for k in (
             "model", "speculative_config", "max_model_len", "quantization", "kv_cache_dtype",
             "tensor_parallel_size", "gpu_memory_utilization", "dtype", "enforce_eager")}
-        res["stage"] = "engine_args"
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        ea = AsyncEngineArgs.from_cli_args(args)
-        res["stage"] = "config"
+        # The machine is offline: swap hub ids for config folders on the parsed namespace, BEFORE the engine args
+        # exist (the first lease swapped after from_cli_args, and 0.34's EngineArgs already looked the hub id up
+        # there: LocalEntryNotFoundError at stage engine_args for all 16 commands).
+        res["stage"] = "swap"
         subst = {}
-        loc = local_folder(ea.model, models, configs)
+        loc = local_folder(args.model, models, configs)
         if loc:
-            subst[ea.model] = loc
-            ea.model = loc
-            ea.tokenizer = None
-        ea.skip_tokenizer_init = True
-        spec = ea.speculative_config
+            subst[args.model] = loc
+            args.model = loc
+            if hasattr(args, "tokenizer"):
+                args.tokenizer = None
+        if hasattr(args, "skip_tokenizer_init"):
+            args.skip_tokenizer_init = True
+        spec = getattr(args, "speculative_config", None)
         if isinstance(spec, str):
             spec = json.loads(spec)
         if isinstance(spec, dict) and spec.get("model"):
@@ -122,7 +124,12 @@ def check_one(entry, parser, validate, configs):
             if dloc:
                 subst[spec["model"]] = dloc
                 spec = dict(spec, model=dloc)
-            ea.speculative_config = spec
+            args.speculative_config = spec
+        res["stage"] = "engine_args"
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        ea = AsyncEngineArgs.from_cli_args(args)
+        ea.skip_tokenizer_init = True
+        res["stage"] = "config"
         res["substituted"] = subst
         t0 = time.time()
         vc = ea.create_engine_config()

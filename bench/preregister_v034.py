@@ -33,6 +33,22 @@ VLLM = "0.34.0"
 GPU_TOTAL_GIB = 139.81  # one H200 as torch reports it (the 0.26/0.33 records' total_gib)
 CONTEXT_LEN = 112  # prompt 64 + half of 96 decoded tokens: the timed engines' mean context (preregister_head.py)
 COMMAND = ".venv/bin/python bench/preregister_v034.py --write"
+GPU = "H200"
+# --gpu H100-80GB (2026-12-05: the lent kind moved to H100 while H200s were refused): the same engines predicted for
+# an H100, a GPU no 0.34 (or any) table was measured on, written to their own files before anything ran there.
+OTHER_GPUS = {"H100-80GB": ("2026-12-05", 79.19)}  # torch total_memory 81082-81090 MiB (catalogs/gpus.yaml)
+
+
+def use_gpu(name: str) -> None:
+    """Point the module at `name`'s prediction files and memory total (H200: the 2026-12-04 files)."""
+    global GPU, GPU_TOTAL_GIB, MEMORY_OUT, STEP_OUT, COMMAND
+    if name == "H200":
+        return
+    date, total = OTHER_GPUS[name]
+    GPU, GPU_TOTAL_GIB = name, total
+    MEMORY_OUT = PREDICTIONS / f"{date}_vllm034_memory__{name}.json"
+    STEP_OUT = PREDICTIONS / f"{date}_vllm034_stepcost__{name}__tp1__a0.8.json"
+    COMMAND = f".venv/bin/python bench/preregister_v034.py --gpu {name} --write"
 
 
 def engines() -> list[dict]:
@@ -50,7 +66,7 @@ def memory_record(spec: dict) -> dict:
             "draft": spec["draft"] if has_folder else None,
             "draft_config": cfg(spec["draft_dir"]) if has_folder else None,
             "speculative_method": method if spec.get("k") else None,
-            "num_speculative_tokens": int(spec.get("k") or 0) if has_folder else 0, "gpu": "H200",
+            "num_speculative_tokens": int(spec.get("k") or 0) if has_folder else 0, "gpu": GPU,
             "gpu_total_gib": GPU_TOTAL_GIB, "tp": spec.get("tp", 1), "util": spec.get("util"),
             "max_model_len": spec["max_model_len"], "max_num_seqs": spec.get("max_num_seqs"),
             "max_num_batched_tokens": None, "entrypoint": "llm", "vllm_version": VLLM, "load_format": "dummy",
@@ -96,7 +112,7 @@ def predict_steps() -> list[dict]:
     for (target_name, draft_name, method), g in groups.items():
         target, draft = _drafter(g["spec"])
         batches = tuple(g["spec"]["batches"])
-        pred = predict_speedup(target, draft, resolve_gpu("H200"), tp=1, acceptance=g["spec"]["acceptance"],
+        pred = predict_speedup(target, draft, resolve_gpu(GPU), tp=1, acceptance=g["spec"]["acceptance"],
                                batches=batches, k_values=sorted(g["ks"]), context_len=CONTEXT_LEN,
                                vllm_version=VLLM)
         out.append({"target": target_name, "draft": draft_name, "method": method, "ks": sorted(g["ks"]),
@@ -124,8 +140,8 @@ def write() -> int:
         if path.exists():
             print(f"{path.relative_to(ROOT)} exists: a pre-registration is written once", file=sys.stderr)
             return 1
-    mem = {"what": "draftfit's pre-registered KV tokens of every engine of phases M034 and S034 (vLLM 0.34.0, one "
-                   "H200, dummy weights), written before any ran; nothing of them is fitted. Score: `GPU KV cache "
+    mem = {"what": f"draftfit's pre-registered KV tokens of every engine of phases M034 and S034 (vLLM 0.34.0, one "
+                   "{GPU}, dummy weights), written before any ran; nothing of them is fitted. Score: `GPU KV cache "
                    "size: N tokens` of each engine's log against kv_tokens, goal within 1 %; the band is the model's "
                    "own (peak, non-torch, graph pool, sizing-step peak up to 1.5x the profiled one). Do not "
                    "regenerate.",
@@ -135,7 +151,7 @@ def write() -> int:
                     "drafter CUDA graphs projected with the V2 per-graph constant)",
            **_stamp(), "predictions": [predict_memory(s) for s in engines()]}
     steps = {"what": "draftfit's pre-registered step costs and speedups of phase S034's engines (vLLM 0.34.0, one "
-                     "H200, synthetic acceptance 0.8, batches 1-128), written before any ran. Score: steady-state "
+                     f"{GPU}, synthetic acceptance 0.8, batches 1-128), written before any ran. Score: steady-state "
                      "TPOT speedup and spec step ms per (K, batch) of the ingested 0.34 tables, goal within 15 %, best "
                      "K right; n-gram: spec_step_ms only (its acceptance is measured, not imposed). Do not "
                      "regenerate.",
@@ -205,7 +221,7 @@ def score(raw_paths: list[Path]) -> str:
     mem_rows, mem_err = score_memory(raw_paths)
     step_rows, step_err = score_steps(raw_paths)
     created = json.loads(MEMORY_OUT.read_text())["created_utc"]
-    text = (f"vLLM 0.34.0 on one H200, scored against the predictions committed in "
+    text = (f"vLLM 0.34.0 on one {GPU}, scored against the predictions committed in "
             f"`{MEMORY_OUT.relative_to(ROOT)}` and `{STEP_OUT.relative_to(ROOT)}` ({created} UTC, `{COMMAND}`). "
             f"KV tokens: {sum(abs(e) <= 0.01 for e in mem_err)} of {len(mem_err)} engines within 1 %"
             + (f", mean abs error {sum(map(abs, mem_err)) / len(mem_err):.2%}" if mem_err else "")
@@ -225,7 +241,10 @@ def main(argv=None) -> int:
     ap.add_argument("--show", action="store_true", help="print the predictions without writing")
     ap.add_argument("--score", nargs="+", type=Path, metavar="RAW", help="score against M034/S034 lane files")
     ap.add_argument("--no-readme", action="store_true", help="with --score: print only")
+    ap.add_argument("--gpu", default="H200", choices=["H200", *OTHER_GPUS],
+                    help="whose prediction files (H200: 2026-12-04; H100-80GB: 2026-12-05)")
     args = ap.parse_args(argv)
+    use_gpu(args.gpu)
     if args.write:
         return write()
     if args.score:
@@ -236,7 +255,7 @@ def main(argv=None) -> int:
         print(text)
         if not args.no_readme:
             from bench._readme import write_section
-            write_section("vllm034-preregistered", text, command=".venv/bin/python bench/preregister_v034.py --score "
+            write_section("vllm034-preregistered" + ("" if GPU == "H200" else f"-{GPU}"), text, command=".venv/bin/python bench/preregister_v034.py --score "
                           + " ".join(str(p) for p in args.score))
         return 0
     if args.show:

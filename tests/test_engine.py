@@ -7,6 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from draftfit.engine import resolve_target
 from draftfit.catalog.specs import method_drafter, resolve_model
 from draftfit.cli import cli
 from draftfit.engine import EngineTarget, check_version, resolve_target
@@ -68,24 +69,24 @@ def test_serve_cmd_034_carries_no_removed_key():
 def test_suffix_on_034_needs_no_arctic_inference():
     t = resolve_model("Qwen3-8B")
     s = method_drafter("suffix", t)
-    assert "arctic-inference" not in vllm_verdict(t, s, vllm_version="0.34.0")[1]
-    assert "arctic-inference" in vllm_verdict(t, s, vllm_version="0.33.0")[1]
+    assert "arctic-inference" not in vllm_verdict(t, s, engine=resolve_target("0.34.0"))[1]
+    assert "arctic-inference" in vllm_verdict(t, s, engine=resolve_target("0.33.0"))[1]
 
 
 def test_a_fix_proposing_another_pair_passes_the_same_rules():
     """Gemma-3-27b + Gemma-3-1b on 0.26: the vocab refusal's fix must not name drafts that 0.26 kills at start-up
     (KV-cache groups), and the padded draft carries the same start-up fix; on 0.34 no removed key is proposed."""
     t, d = resolve_model("Gemma-3-27b"), resolve_model("Gemma-3-1b")
-    runs, _, fix = vllm_verdict(t, d, vllm_version="0.26.0")
+    runs, _, fix = vllm_verdict(t, d, engine=resolve_target("0.26.0"))
     assert not runs
     for name in ("Gemma-3-4b", "Gemma-3-12b"):
         assert name not in fix
-        assert not vllm_verdict(t, resolve_model(name), vllm_version="0.26.0")[0]
+        assert not vllm_verdict(t, resolve_model(name), engine=resolve_target("0.26.0"))[0]
     assert "--disable-hybrid-kv-cache-manager" in fix
-    fix34 = vllm_verdict(t, d, vllm_version="0.34.0")[2]
+    fix34 = vllm_verdict(t, d, engine=resolve_target("0.34.0"))[2]
     assert "Gemma-3-4b" in fix34 and "use_heterogeneous_vocab" not in fix34
     for name in ("Gemma-3-4b", "Gemma-3-12b"):
-        assert vllm_verdict(t, resolve_model(name), vllm_version="0.34.0")[0]
+        assert vllm_verdict(t, resolve_model(name), engine=resolve_target("0.34.0"))[0]
 
 
 def test_the_printed_tokenizer_fix_proposes_no_key_the_version_removed():

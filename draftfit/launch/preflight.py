@@ -40,7 +40,7 @@ class PreflightReport:
     checks: list[Check] = field(default_factory=list)
     max_model_len: int | None = None  # the context the checks assumed
     decision: str = ""  # the pipeline's verdict on the pair: speculate | don't | incompatible | does not fit
-    vllm_version: str = ""  # the vLLM the memory and step-cost checks are for (Layout.vllm_version_used)
+    vllm_version: str = ""  # the vLLM the memory and step-cost checks are for (Layout.engine.version)
     vllm_modelled: str = ""  # the modelled version standing for it (engine.versions.MODELLED)
 
     @property

@@ -76,7 +76,7 @@ def _case_name(spec: dict, seqs: int, kwargs: dict | None = None) -> str:
 
 def record_from_engine(entry: dict, raw_name: str) -> dict | None:
     """One GPU record from one engine of a campaign file (bench/gpu_campaign.py); None if it did not start."""
-    from draftfit.memory.plan import VLLM_GPU_VERSION, parse_vllm_memory_log
+    from draftfit.memory.plan import OLDEST_RULES, parse_vllm_memory_log
 
     log = entry.get("log") or ""
     if isinstance(log, list):
@@ -113,7 +113,7 @@ def record_from_engine(entry: dict, raw_name: str) -> dict | None:
         "quantization": "none",
         "enforce_eager": bool(kwargs.get("enforce_eager", False)), "load_format": kwargs.get("load_format", "dummy"),
         "disable_hybrid_kv_cache_manager": bool(kwargs.get("disable_hybrid_kv_cache_manager", False)),
-        "vllm_version": parsed.get("vllm_version") or result.get("vllm_version") or VLLM_GPU_VERSION,
+        "vllm_version": parsed.get("vllm_version") or result.get("vllm_version") or OLDEST_RULES.version,
         "command": "LLM(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")",
         "kv_tokens": parsed["kv_tokens"],
         "log": {k: v for k, v in parsed.items() if k != "lines"},

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from draftfit.calibration.tables import tables_digest  # noqa: E402
 from draftfit.catalog.specs import mtp_drafter, resolve_gpu, resolve_model  # noqa: E402
+from draftfit.engine import resolve_target  # noqa: E402
 from draftfit.rules import NO_SPECULATION_BELOW  # noqa: E402
 from draftfit.speedup.predict import predict_speedup  # noqa: E402
 
@@ -101,7 +102,8 @@ def _models(case: Case):
 def predict(case: Case) -> dict:
     target, draft = _models(case)
     pred = predict_speedup(target, draft, resolve_gpu("H200"), tp=1, acceptance=ALPHA, batches=BATCHES,
-                           k_values=case.ks, context_len=CONTEXT_LEN, vllm_version=VLLM)
+                           k_values=case.ks, context_len=CONTEXT_LEN,
+                           rules=resolve_target(VLLM).rules)
     return {"target": target.name, "draft": pred.draft, "gpu": "H200", "tp": 1, "alpha": ALPHA, "source": pred.source,
             "batches": {str(b): {"base_step_ms": round(bp.base_step_ms, 4), "best_k": bp.best_k,
                                  "per_k": {str(k): {"speedup": round(v["speedup"], 4), "low": round(v["low"], 4),

@@ -76,7 +76,7 @@ def evaluate(tables, vllm_version: str | None = None) -> dict:
         # A later version's fit starts from 0.26's, which has seen this pair under 0.26: that is what a user of
         # the later version gets, so it stays in training; only the held-out version's own tables are left out.
         train = [t for t in tables if not (t.configuration == pair and t in version_tables)]
-        overheads = fitted_overheads(tables=train, vllm_version=vllm_version) if train else None
+        overheads = fitted_overheads(tables=train, tables_key=vllm_version) if train else None
         corrector = _corrector_for(tables_of_version(train, None), overheads) if train and not later else None
         pooled = PooledSteps(held_tables)
         for held in held_tables:
@@ -571,7 +571,7 @@ def held_out_today(tables) -> str:
     if not held:
         return ""
     train = [t for t in v026 if t.target not in HELD_OUT_TARGETS]
-    overheads = fitted_overheads(tables=train, vllm_version=None)
+    overheads = fitted_overheads(tables=train, tables_key=None)
     corrector = _corrector_for(train, overheads)
     cases, best = [], []
     for t in held:
@@ -644,7 +644,7 @@ def render_versions(tables) -> str:
     if len(rows) < 2:
         return ""
     text = ("### Per vLLM version\n\nEach version's tables held out in turn, the overheads fitted on that version's "
-            "other tables as `stepcost.fitted_overheads(vllm_version=...)` does (a later version's fit starts from 0.26's; "
+            "other tables as `stepcost.fitted_overheads(tables_key=...)` does (a later version's fit starts from 0.26's; "
             "vLLM 0.33 charges all K draft passes, FIRST_DRAFT_PASS_HIDDEN). The learned correction is 0.26's only.\n\n"
             + markdown_table(["version", "configurations", "points", "mean abs error", "within 15 %",
                               "best K (multi-K cases)", "decision right", "Leviathan formula error"], rows))

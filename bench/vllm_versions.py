@@ -13,6 +13,7 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from draftfit.catalog.specs import GpuSpec, resolve_gpu, resolve_model  # noqa: E402
+from draftfit.engine import resolve_target  # noqa: E402
 from draftfit.memory.plan import parse_vllm_memory_log, plan_memory  # noqa: E402
 from draftfit.paths import PROJECT_ROOT  # noqa: E402
 from draftfit.rules import best_k  # noqa: E402
@@ -33,7 +34,8 @@ def memory_table(util=0.9, max_model_len=8192) -> str:
     for t, d, tp in SHIPPED:
         for draft in (d, None):
             p = [plan_memory(resolve_model(t), resolve_model(draft) if draft else None, gpu, tp=tp, util=util,
-                             max_model_len=max_model_len, strict=False, vllm_version=v) for v in ("0.26.0", "0.33.0")]
+                             max_model_len=max_model_len, strict=False, rules=resolve_target(v).rules)
+                 for v in ("0.26.0", "0.33.0")]
             name = f"{t}" + (f" + {draft} K=4" if draft else " alone") + (f" TP={tp}" if tp > 1 else "")
             ch = 100 * (p[1].kv_tokens - p[0].kv_tokens) / p[0].kv_tokens if p[0].kv_tokens else float("nan")
             rows.append(f"| {name} | {p[0].model_runner} / {p[1].model_runner} | {p[0].cudagraph_reserved_gib:.2f} / "
@@ -81,7 +83,7 @@ def plan_for_start(start: HeldOutStart, total_gib: float, vllm_version: str):
     return plan_memory(resolve_model(start.target), resolve_model(start.draft) if start.draft else None, gpu,
                        util=start.util, max_model_len=start.max_model_len, max_num_seqs=start.max_num_seqs,
                        max_num_batched_tokens=16384, entrypoint="llm", num_speculative_tokens=start.k, strict=False,
-                       vllm_version=vllm_version)
+                       rules=resolve_target(vllm_version).rules)
 
 
 def held_out_table() -> str:
@@ -104,7 +106,7 @@ def speedup_table() -> str:
     gpu = resolve_gpu("H200")
     for t, d, tp in SHIPPED:
         p = [predict_speedup(resolve_model(t), resolve_model(d), gpu, tp=tp, acceptance=0.8, batches=(1, 32),
-                             vllm_version=v) for v in ("0.26.0", "0.33.0")]
+                             rules=resolve_target(v).rules) for v in ("0.26.0", "0.33.0")]
         for b in (1, 32):
             cells = []
             for q in p:

@@ -32,7 +32,7 @@ _API = {
     "plan_memory": "draftfit.memory.plan",
     "prior_acceptance": "draftfit.acceptance.prior",
     "predict_speedup": "draftfit.speedup.predict",
-    "serve_command": "draftfit.launch.serve",
+    "serve_command": "draftfit.engine.command",
 }
 __all__ = sorted(_API) + ["__version__"]
 

@@ -20,7 +20,7 @@ from draftfit.memory.plan import plan_memory
 from draftfit.rules import K_MAX, TP_CHOICES, WORKLOADS
 from draftfit.speedup.stepcost import untuned_moe_note
 from draftfit.engine import EngineTarget, check_version, resolve_target
-from draftfit.engine.versions import MODELLED, resolve_vllm_version
+from draftfit.engine.rules import VllmRules
 
 DEFAULT_GPU = "H100-80GB"
 DEFAULT_UTIL = 0.9
@@ -51,25 +51,24 @@ class Layout:
     dtype: str = "auto"
     quantization: str = "none"
     kv_cache_dtype: str = "auto"
-    vllm_version: str | None = None  # the version the user asked for (--vllm-version); None: not given
     notes: tuple[str, ...] = field(default_factory=tuple)  # what draftfit chose for the user and why
     context_given: bool = False  # the user passed --max-model-len
     tp_given: bool = False
     max_num_seqs: int | None = None  # None: vLLM's default for the GPU; set when draftfit had to lower it to fit
-    # The vLLM the numbers are for (given, else an installed GPU vLLM, else the newest modelled) and the modelled
-    # version whose memory accounting, step costs and serve flags stand for it (engine.versions.MODELLED).
-    vllm_version_used: str = MODELLED[-1]
-    vllm_modelled: str = MODELLED[-1]
-    # The engine resolved once (engine.resolve_target): version, modelled, note and that version's VllmRules.
-    engine: EngineTarget | None = None
+    # The engine resolved once (engine.resolve_target): the vLLM the numbers are for (given, else an installed GPU
+    # vLLM, else the newest modelled), the modelled version standing for it, why, and that version's VllmRules
+    # (memory accounting, step-cost tables, start-up rules, serve flags). The one source of the version.
+    engine: EngineTarget = field(default_factory=resolve_target)
 
     def to_dict(self) -> dict:
         return {"target": self.target.name, "target_hub_id": self.target.hub_id, "target_path": self.target.local_path,
                 "gpu": self.gpu.name if self.gpu else None, "tp": self.tp, "util": self.util,
                 "max_model_len": self.max_model_len, "batches": list(self.batches), "workload": self.workload,
                 "temperature": self.temperature, "k": self.k, "dtype": self.dtype, "quantization": self.quantization,
-                "kv_cache_dtype": self.kv_cache_dtype, "max_num_seqs": self.max_num_seqs, "vllm_version": self.vllm_version_used,
-                "vllm_version_given": self.vllm_version, "vllm_modelled": self.vllm_modelled,
+                "kv_cache_dtype": self.kv_cache_dtype, "max_num_seqs": self.max_num_seqs,
+                # the version keys every --json has carried, read from the one EngineTarget
+                "vllm_version": self.engine.version, "vllm_version_given": self.engine.requested,
+                "vllm_modelled": self.engine.modelled,
                 "notes": list(self.notes)}
 
 
@@ -273,11 +272,11 @@ def check_context(target: ModelSpec, max_model_len) -> int:
 # ------------------------------------------------------------------------------------ TP and context
 
 def _fits(target, probe, gpu, tp, util, max_model_len, quantization, kv_cache_dtype,
-          max_num_seqs=None, vllm_version=None) -> tuple[bool, str]:
+          max_num_seqs=None, rules: VllmRules | None = None) -> tuple[bool, str]:
     try:
         plan = plan_memory(target, probe, gpu, tp=tp, util=util, max_model_len=max_model_len,
                            quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
-                           num_speculative_tokens=4 if probe is not None else 0, vllm_version=vllm_version)
+                           num_speculative_tokens=4 if probe is not None else 0, rules=rules)
     except DraftfitError as exc:
         return False, exc.message
     # A probe draft whose KV layout vLLM refuses still sizes the memory; the compatibility stage reports the refusal.
@@ -292,7 +291,7 @@ FALLBACK_MAX_NUM_SEQS = 256
 def choose_tp_and_context(target: ModelSpec, gpu: GpuSpec, *, tp: int | None, util: float, max_model_len: int | None,
                           probe_draft: ModelSpec | None = None, quantization: str = "none",
                           kv_cache_dtype: str = "auto", max_num_seqs: int | None = None,
-                          vllm_version: str | None = None) -> tuple[int, int, int | None, list[str]]:
+                          rules: VllmRules | None = None) -> tuple[int, int, int | None, list[str]]:
     """(tp, max_model_len, max_num_seqs, notes). TP: the smallest that divides the heads and fits the target
     (with `probe_draft` beside it, when given) at the context asked for. When no TP does, the longest context
     that fits: the largest power of two (down to MIN_CONTEXT) at the given TP, or at the largest TP that
@@ -303,7 +302,7 @@ def choose_tp_and_context(target: ModelSpec, gpu: GpuSpec, *, tp: int | None, ut
     last = ""
     for t in tps:
         ok, why = _fits(target, probe_draft, gpu, t, util, wanted, quantization, kv_cache_dtype, max_num_seqs,
-                        vllm_version)
+                        rules)
         if ok:
             notes = []
             if tp is None:
@@ -318,7 +317,7 @@ def choose_tp_and_context(target: ModelSpec, gpu: GpuSpec, *, tp: int | None, ut
         length = 1 << (max(wanted - 1, 1).bit_length() - 1)  # the largest power of two below wanted
         while length >= MIN_CONTEXT:
             ok, _ = _fits(target, probe_draft, gpu, t, util, length, quantization, kv_cache_dtype, seqs,
-                          vllm_version)
+                          rules)
             if ok:
                 extra = (f" with max_num_seqs {seqs} (the default leaves no KV cache beside the draft)"
                          if seqs != max_num_seqs else "")
@@ -363,8 +362,7 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
     dt = check_choice(dtype or "auto", DTYPES, "--dtype")
     quant = check_quantization(spec, quantization)
     kvd = check_choice(kv_cache_dtype or "auto", KV_CACHE_DTYPES, "--kv-cache-dtype")
-    version = check_vllm_version(vllm_version)
-    used, modelled, version_note = resolve_vllm_version(version)
+    engine = resolve_target(vllm_version)  # the one version policy and default (engine.resolve_target)
     if tp is not None:
         check_tp(spec, tp)
     if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
@@ -384,7 +382,7 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
         tp_v, context, seqs, chosen = choose_tp_and_context(spec, gpu_spec, tp=tp, util=util_v,
                                                             max_model_len=max_model_len, probe_draft=probe_draft,
                                                             quantization=quant, kv_cache_dtype=kvd,
-                                                            max_num_seqs=max_num_seqs, vllm_version=modelled)
+                                                            max_num_seqs=max_num_seqs, rules=engine.rules)
         if not fit_context and max_model_len is not None:
             context = max_model_len  # preflight and memory judge the context asked for, as vLLM would
         notes += chosen
@@ -392,13 +390,12 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
         tp_v, context, seqs = tp or 1, max_model_len or spec.max_position_embeddings or 4096, max_num_seqs
     if gpu_spec is not None and quant in (None, "", "none"):
         # A target-level fact about every speculative step (and the plain one): said once, not per draft.
-        untuned = untuned_moe_note(spec, gpu_spec, tp=tp_v, vllm_version=modelled)
+        untuned = untuned_moe_note(spec, gpu_spec, tp=tp_v, rules=engine.rules)
         if untuned:
             notes.append(untuned)
-    if version is None or version_note.startswith(f"vLLM {version} is not modelled"):
-        notes.append(version_note)  # which vLLM the numbers are for, and why (installed / newest / nearest)
+    if engine.requested is None or engine.mapped:
+        notes.append(engine.note)  # which vLLM the numbers are for, and why (installed / newest / nearest)
     return Layout(target=spec, gpu=gpu_spec, tp=tp_v, util=util_v, max_model_len=context, batches=bs, workload=wl,
-                  temperature=temp, k=k_v, dtype=dt, quantization=quant, kv_cache_dtype=kvd, vllm_version=version,
+                  temperature=temp, k=k_v, dtype=dt, quantization=quant, kv_cache_dtype=kvd,
                   notes=tuple(notes), context_given=max_model_len is not None, tp_given=tp is not None,
-                  max_num_seqs=seqs, vllm_version_used=used, vllm_modelled=modelled,
-                  engine=resolve_target(version))
+                  max_num_seqs=seqs, engine=engine)

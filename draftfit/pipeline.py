@@ -11,10 +11,10 @@ from draftfit.acceptance.prior import AcceptanceEstimate, measured_acceptance, p
 from draftfit.acceptance.method_prior import method_acceptance
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, method_drafter, resolve_model
 from draftfit.compat.tokenizers import CompatReport
-from draftfit.compat.vllm_accepts import (  # noqa: F401  (vllm_verdict, rules_vllm_version: re-exported)
-    _checked_vocab_fix, _compat, _vllm_verdict, rules_vllm_version, vllm_verdict)
+from draftfit.compat.vllm_accepts import (  # noqa: F401  (vllm_verdict: re-exported)
+    _checked_vocab_fix, _compat, _vllm_verdict, vllm_verdict)
 from draftfit.errors import DraftfitError
-from draftfit.launch.serve import ServeCommand, serve_command
+from draftfit.engine.command import ServeCommand, serve_command
 from draftfit.engine.methods import speculative_method
 from draftfit.layout import Layout
 from draftfit.memory.plan import ONLINE_QUANTIZATIONS, MemoryPlan, plan_memory
@@ -113,9 +113,9 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
     target = layout.target
     d = resolve_drafter(target, draft)
     compat = _compat(target, d)
-    runs, why, vfix = _vllm_verdict(target, d, compat, layout.tp, layout.vllm_version)
+    runs, why, vfix = _vllm_verdict(target, d, compat, layout.tp, layout.engine)
     if compat.fix:  # the tokenizer fix is printed too (preflight, rank): it passes the same start-up rules
-        compat = replace(compat, fix=_checked_vocab_fix(target, d, compat.fix, layout.tp, layout.vllm_version))
+        compat = replace(compat, fix=_checked_vocab_fix(target, d, compat.fix, layout.tp, layout.engine))
     memory, mem_err, mem_fix = None, "", None
     if layout.gpu is not None:
         try:
@@ -123,7 +123,7 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
                                  max_model_len=layout.max_model_len, num_speculative_tokens=layout.k or PLAN_K,
                                  quantization=layout.quantization, kv_cache_dtype=layout.kv_cache_dtype,
                                  dtype=layout.dtype, max_num_seqs=layout.max_num_seqs, strict=False,
-                                 vllm_version=layout.vllm_modelled)
+                                 rules=layout.engine.rules)
             if not memory.fits:
                 # The fix in the options of draftfit's own commands (rank, preflight take it), vLLM's beside it.
                 first = memory.fixes[0] if memory.fixes else None
@@ -142,7 +142,7 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
         ks = (layout.k,) if layout.k else tuple(k_values)
         pred = predict_speedup(served_spec(layout), d, layout.gpu, tp=layout.tp, acceptance=est, batches=layout.batches,
                                k_values=ks, context_len=min(layout.max_model_len, 1024),
-                               vllm_version=layout.vllm_modelled)
+                               rules=layout.engine.rules)
     decision = decide(layout, runs, why, vfix, memory, mem_err, mem_fix, pred, unmeasured=unmeasured)
     return PairEvaluation(layout=layout, draft=d, method=method_of(d), compat=compat, vllm_runs=runs, vllm_reason=why,
                           memory=memory, memory_error=mem_err, memory_fix=mem_fix, acceptance=est, speedup=pred,
@@ -199,10 +199,13 @@ def decide(layout: Layout, runs: bool, why: str, vfix: str | None, memory: Memor
                     per_batch=per_batch, mix_speedup=round(mix, 3), mix_low=round(mix_low, 3), basis=basis)
 
 
-def command_for(ev: PairEvaluation, *, force: bool = False, engine: str = "vllm", k: int | None = None,
+def command_for(ev: PairEvaluation, *, force: bool = False, server: str = "vllm", k: int | None = None,
                 **serve_kwargs) -> ServeCommand:
-    """The serve command for an evaluation. A pair vLLM refuses or that does not fit never leaves as a runnable
-    command: DraftfitError (exit 1) with the reason and the fix, unless `force`, which keeps a warning note."""
+    """The serve command for an evaluation, on the layout's engine. A pair vLLM refuses or that does not fit never
+    leaves as a runnable command: DraftfitError (exit 1) with the reason and the fix, unless `force`, which keeps a
+    warning note. The command serves what was planned: where the memory was planned (a GPU given), at the layout's
+    util (VllmRules.served_util leaves the flag out only where that is vLLM's own default); `util` in
+    `serve_kwargs` is an explicit one."""
     dec = ev.decision
     warning = None
     if dec.action in (INCOMPATIBLE, NO_FIT):
@@ -214,7 +217,7 @@ def command_for(ev: PairEvaluation, *, force: bool = False, engine: str = "vllm"
     layout = ev.layout
     k_served = k or dec.k or layout.k or PLAN_K
     extra = list(serve_kwargs.pop("extra_args", None) or [])
-    if layout.max_num_seqs is not None and engine == "vllm":
+    if layout.max_num_seqs is not None and server == "vllm":
         extra += ["--max-num-seqs", str(layout.max_num_seqs)]
     offline = False
     if layout.quantization not in ("none", "auto", "") and not ev.target.quantization:
@@ -225,7 +228,9 @@ def command_for(ev: PairEvaluation, *, force: bool = False, engine: str = "vllm"
         offline = layout.quantization not in ONLINE_QUANTIZATIONS
     if layout.kv_cache_dtype != "auto":
         serve_kwargs.setdefault("kv_cache_dtype", layout.kv_cache_dtype)
-    cmd = serve_command(ev.target, ev.draft, k=k_served, tp=layout.tp, engine=engine, vllm_version=layout.vllm_version,
+    if serve_kwargs.get("util") is None and ev.memory is not None and server == "vllm":
+        serve_kwargs["util"] = layout.util  # the util the memory (and so the ranking) was planned at
+    cmd = serve_command(ev.target, ev.draft, k=k_served, tp=layout.tp, engine=layout.engine, server=server,
                         k_schedule=None if (k or layout.k) else dec.k_schedule, extra_args=extra or None,
                         **serve_kwargs)
     if offline:

@@ -132,8 +132,8 @@ class RankResult:
         return {
             "target": lay.target.name, "target_hub_id": lay.target.hub_id, "gpu": lay.gpu.name, "tp": lay.tp,
             "max_model_len": lay.max_model_len, "max_num_seqs": lay.max_num_seqs, "util": lay.util, "workload": lay.workload,
-            "temperature": lay.temperature, "batches": list(lay.batches), "vllm_version": lay.vllm_version_used,
-            "vllm_modelled": lay.vllm_modelled, "layout_notes": list(lay.notes),
+            "temperature": lay.temperature, "batches": list(lay.batches), "vllm_version": lay.engine.version,
+            "vllm_modelled": lay.engine.modelled, "layout_notes": list(lay.notes),
             "gpu_note": next((n for n in lay.notes if n.startswith("GPU not given")), ""),
             "tp_note": next((n for n in lay.notes if n.startswith("TP=")), f"TP={lay.tp} (given)" if lay.tp_given else ""),
             "candidates": [c.to_json() for c in self.candidates], "winner": self.winner,
@@ -221,7 +221,7 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
         kv_alone = plan_memory(target, None, layout.gpu, tp=layout.tp, util=layout.util,
                                max_model_len=layout.max_model_len, quantization=layout.quantization,
                                kv_cache_dtype=layout.kv_cache_dtype, max_num_seqs=layout.max_num_seqs,
-                               vllm_version=layout.vllm_modelled).kv_tokens
+                               rules=layout.engine.rules).kv_tokens
     except DraftfitError:
         kv_alone = None
     evals = [evaluate_pair(layout, d) for d in drafts]
@@ -240,8 +240,8 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
     notes: list[str] = []
     serve = None
     if winner_i is not None:
-        cmd = command_for(evals[winner_i], max_model_len=layout.max_model_len,
-                          util=layout.util if layout.util != 0.9 else None)
+        # The util the memory was planned at travels with it (command_for, VllmRules.served_util).
+        cmd = command_for(evals[winner_i], max_model_len=layout.max_model_len)
         serve = cmd.text
         notes += cmd.notes
     else:

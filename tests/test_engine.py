@@ -7,6 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from draftfit.engine import resolve_target
 from draftfit.catalog.specs import method_drafter, resolve_model
 from draftfit.cli import cli
 from draftfit.engine import EngineTarget, check_version, resolve_target
@@ -68,24 +69,24 @@ def test_serve_cmd_034_carries_no_removed_key():
 def test_suffix_on_034_needs_no_arctic_inference():
     t = resolve_model("Qwen3-8B")
     s = method_drafter("suffix", t)
-    assert "arctic-inference" not in vllm_verdict(t, s, vllm_version="0.34.0")[1]
-    assert "arctic-inference" in vllm_verdict(t, s, vllm_version="0.33.0")[1]
+    assert "arctic-inference" not in vllm_verdict(t, s, engine=resolve_target("0.34.0"))[1]
+    assert "arctic-inference" in vllm_verdict(t, s, engine=resolve_target("0.33.0"))[1]
 
 
 def test_a_fix_proposing_another_pair_passes_the_same_rules():
     """Gemma-3-27b + Gemma-3-1b on 0.26: the vocab refusal's fix must not name drafts that 0.26 kills at start-up
     (KV-cache groups), and the padded draft carries the same start-up fix; on 0.34 no removed key is proposed."""
     t, d = resolve_model("Gemma-3-27b"), resolve_model("Gemma-3-1b")
-    runs, _, fix = vllm_verdict(t, d, vllm_version="0.26.0")
+    runs, _, fix = vllm_verdict(t, d, engine=resolve_target("0.26.0"))
     assert not runs
     for name in ("Gemma-3-4b", "Gemma-3-12b"):
         assert name not in fix
-        assert not vllm_verdict(t, resolve_model(name), vllm_version="0.26.0")[0]
+        assert not vllm_verdict(t, resolve_model(name), engine=resolve_target("0.26.0"))[0]
     assert "--disable-hybrid-kv-cache-manager" in fix
-    fix34 = vllm_verdict(t, d, vllm_version="0.34.0")[2]
+    fix34 = vllm_verdict(t, d, engine=resolve_target("0.34.0"))[2]
     assert "Gemma-3-4b" in fix34 and "use_heterogeneous_vocab" not in fix34
     for name in ("Gemma-3-4b", "Gemma-3-12b"):
-        assert vllm_verdict(t, resolve_model(name), vllm_version="0.34.0")[0]
+        assert vllm_verdict(t, resolve_model(name), engine=resolve_target("0.34.0"))[0]
 
 
 def test_the_printed_tokenizer_fix_proposes_no_key_the_version_removed():
@@ -94,3 +95,44 @@ def test_the_printed_tokenizer_fix_proposes_no_key_the_version_removed():
         out = CliRunner().invoke(cli, ["preflight", "Llama-3.1-8B", "Qwen3-0.6B", "--vllm-version", version, "--json"])
         assert out.exit_code == 2
         assert ("use_heterogeneous_vocab" in out.output) is present, version
+
+
+def test_served_util_is_one_rule_for_every_version():
+    """VllmRules.served_util: the flag is left out only where the plan is what vLLM does with it unset."""
+    r26, r33, r34 = (VLLM_RULES[v] for v in ("0.26", "0.33", "0.34"))
+    assert r26.served_util(0.9) is None and r33.served_util(0.92) is None  # each version's own default
+    assert r33.served_util(0.9) == 0.9 and r34.served_util(0.9) == 0.9  # 0.34: unset means 1.0, not 0.9
+    assert all(r.served_util(None) is None for r in (r26, r33, r34))  # planned at the version's default
+
+
+def _flag(cmd: str, name: str = "--gpu-memory-utilization"):
+    argv = cmd.split()
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_the_printed_command_serves_the_util_that_was_ranked():
+    def rank(*extra):
+        out = CliRunner().invoke(cli, ["rank", "--target", "Llama-3.1-8B", "--gpu", "H200", "--json", *extra])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout)
+
+    default = rank()  # planned at 0.9 on 0.34, whose unset default is 1.0: the command must say 0.9
+    assert default["util"] == 0.9 and _flag(default["serve_command"]) == "0.9"
+    assert _flag(rank("--util", "0.8")["serve_command"]) == "0.8"
+    assert _flag(rank("--vllm-version", "0.26.0")["serve_command"]) is None  # 0.9 is 0.26's own default
+    # serve-cmd: with a GPU the memory is planned (at 0.9 unless given) and the command carries it; without one
+    # nothing is planned and vLLM's default stands.
+    out = CliRunner().invoke(cli, ["serve-cmd", "Llama-3.1-8B", "Llama-3.2-1B", "--gpu", "H200", "--json"])
+    assert out.exit_code == 0 and _flag(json.loads(out.stdout)["text"]) == "0.9", out.output
+    out = CliRunner().invoke(cli, ["serve-cmd", "Llama-3.1-8B", "Llama-3.2-1B", "--json"])
+    assert out.exit_code == 0 and _flag(json.loads(out.stdout)["text"]) is None, out.output
+
+
+def test_the_layout_carries_one_engine_and_json_keeps_the_version_keys():
+    from draftfit.layout import Layout, build_layout
+
+    lay = build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192, vllm_version="0.33.0")
+    assert not {"vllm_version", "vllm_version_used", "vllm_modelled"} & set(Layout.__dataclass_fields__)
+    d = lay.to_dict()
+    assert (d["vllm_version"], d["vllm_version_given"], d["vllm_modelled"]) == ("0.33.0", "0.33.0", "0.33")
+    assert lay.engine.rules is VLLM_RULES["0.33"] and lay.engine.origin == "requested"

@@ -164,13 +164,14 @@ def test_heads_on_the_v2_runner_pay_a_plain_steps_overhead_and_the_rest_keep_the
     from draftfit.catalog.specs import mtp_drafter, resolve_gpu, resolve_model
     from draftfit.speedup.stepcost import (HEAD_ASYNC_NOTE, fitted_overheads, head_on_async_runner, prior_step_cost,
                                            step_cost_model)
+    from draftfit.engine.rules import VLLM_RULES
 
     l8, e3 = resolve_model("Llama-3.1-8B", allow_hub=False), resolve_model("EAGLE3-Llama-3.1-8B", allow_hub=False)
     qn = resolve_model("Qwen3-Next-80B-A3B", allow_hub=False)
-    assert head_on_async_runner(l8, e3, "0.26.0")
-    assert not head_on_async_runner(qn, mtp_drafter(qn), "0.26.0")
-    assert head_on_async_runner(qn, mtp_drafter(qn), "0.33.0")
-    assert not head_on_async_runner(l8, resolve_model("Llama-3.2-1B", allow_hub=False), "0.26.0")
+    assert head_on_async_runner(l8, e3, VLLM_RULES["0.26"])
+    assert not head_on_async_runner(qn, mtp_drafter(qn), VLLM_RULES["0.26"])
+    assert head_on_async_runner(qn, mtp_drafter(qn), VLLM_RULES["0.33"])
+    assert not head_on_async_runner(l8, resolve_model("Llama-3.2-1B", allow_hub=False), VLLM_RULES["0.26"])
     ov = fitted_overheads()
     sc = prior_step_cost(l8, e3, resolve_gpu("H200"), batch=1, k_values=[1, 4], context_len=112, overheads=ov)
     assert sc.base_step_ms < sc.spec_step_ms[1] < sc.base_step_ms + 1.0 < sc.spec_step_ms[4]
@@ -182,11 +183,12 @@ def test_dummy_weights_leave_an_eagle3_head_without_its_own_lm_head():
     """vLLM 0.26 keeps a head's lm_head only when load_weights saw one; the campaign's dummy engines load nothing, so
     the head drafts with the target's lm_head: 15.55 GiB loaded for Llama-3.1-8B + its EAGLE-3 head (HE logs)."""
     from draftfit.catalog.specs import resolve_gpu, resolve_model
+    from draftfit.engine.rules import VLLM_RULES
     from draftfit.memory.plan import plan_memory
 
     l8, e3 = resolve_model("Llama-3.1-8B", allow_hub=False), resolve_model("EAGLE3-Llama-3.1-8B", allow_hub=False)
     kw = dict(tp=1, util=0.85, max_model_len=2048, max_num_seqs=128, num_speculative_tokens=3, entrypoint="llm",
-              vllm_version="0.26.0")
+              rules=VLLM_RULES["0.26"])
     served = plan_memory(l8, e3, resolve_gpu("H200"), **kw)
     dummy = plan_memory(l8, e3, resolve_gpu("H200"), load_format="dummy", **kw)
     lm_head_gib = 32000 * 4096 * 2 / 2**30

@@ -8,6 +8,8 @@ import json
 
 from click.testing import CliRunner
 
+from draftfit.engine import resolve_target
+from draftfit.engine.rules import VLLM_RULES
 from draftfit.catalog.specs import (compact_layer_types, expand_layer_types, layer_kinds, load_models,
                                     resolve_gpu, resolve_model, spec_from_config)
 from draftfit.cli import cli
@@ -76,7 +78,7 @@ def test_sliding_window_target_memory_differs_from_all_full_as_vllm_source_says(
     full = dataclasses.replace(t, layer_types="")
     # 16-token blocks: vLLM 0.33's default (0.34's 64 is tests/test_vllm034_memory.py's)
     kw = dict(tp=1, util=0.85, max_model_len=2048, entrypoint="llm", max_num_seqs=128, strict=False,
-              vllm_version="0.33.0")
+              rules=VLLM_RULES["0.33"])
     h, f = plan_memory(t, None, gpu, **kw), plan_memory(full, None, gpu, **kw)
     # Same pool; hybrid blocks hold 21 layers (one per group), full blocks 42.
     assert h.kv_pool_gib == f.kv_pool_gib and abs(h.kv_blocks - 2 * f.kv_blocks) <= 1
@@ -87,7 +89,7 @@ def test_sliding_window_target_memory_differs_from_all_full_as_vllm_source_says(
     # Gemma-3-12b at its full context: the five sliding groups keep only window - 1 + 2 x T tokens.
     g3 = resolve_model("Gemma-3-12b")
     kw3 = dict(tp=1, util=0.9, max_model_len=131072, entrypoint="serve", max_num_seqs=16, strict=False,
-               vllm_version="0.33.0")
+               rules=VLLM_RULES["0.33"])
     h3, f3 = plan_memory(g3, None, gpu, **kw3), plan_memory(dataclasses.replace(g3, layer_types=""), None, gpu, **kw3)
     T = h3.max_num_batched_tokens
     assert h3.kv_blocks_per_request == 8192 + 5 * (cdiv(min(1023 + 2 * T, 131072), 16) + 1)
@@ -97,13 +99,15 @@ def test_sliding_window_target_memory_differs_from_all_full_as_vllm_source_says(
 
 def test_verdict_refuses_gemma2_draft_on_026_and_keeps_dense_pairs():
     t, d = resolve_model("Gemma-2-9b"), resolve_model("Gemma-2-2b")
-    runs, why, fix = vllm_verdict(t, d, vllm_version="0.26.0")
+    runs, why, fix = vllm_verdict(t, d, engine=resolve_target("0.26.0"))
     assert not runs and "All drafting layers should belong to the same kv cache group" in why
     assert "KV-cache group" in why and "--disable-hybrid-kv-cache-manager" in fix
-    assert vllm_verdict(t, d, vllm_version="0.30.0")[0] is False
-    assert vllm_verdict(t, d, vllm_version="0.31.0")[0] is True  # V2 runner's draft_model speculator
-    assert vllm_verdict(resolve_model("Llama-3.1-8B"), resolve_model("Llama-3.2-1B"), vllm_version="0.26.0")[0]
-    assert vllm_verdict(resolve_model("Qwen3-8B"), resolve_model("Qwen3-0.6B"), vllm_version="0.26.0")[0]
+    assert vllm_verdict(t, d, engine=resolve_target("0.30.0"))[0] is False
+    assert vllm_verdict(t, d, engine=resolve_target("0.33.0"))[0] is True  # V2 runner's draft_model speculator
+    # 0.31 has it too, but is not modelled: it maps down to 0.26's rules (a stated reason), not up
+    assert vllm_verdict(t, d, engine=resolve_target("0.31.0"))[0] is False
+    assert vllm_verdict(resolve_model("Llama-3.1-8B"), resolve_model("Llama-3.2-1B"), engine=resolve_target("0.26.0"))[0]
+    assert vllm_verdict(resolve_model("Qwen3-8B"), resolve_model("Qwen3-0.6B"), engine=resolve_target("0.26.0"))[0]
 
 
 def test_preflight_fails_with_exit_2_and_names_the_kv_cache_group_rule():

@@ -10,10 +10,12 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
+from draftfit.engine import resolve_target
 from draftfit.catalog.specs import resolve_model
 from draftfit.cli import cli
 from draftfit.launch.script import launch_script
-from draftfit.launch.serve import serve_command
+from draftfit.engine.command import serve_command
+from draftfit.errors import DraftfitError
 from draftfit.engine.versions import parse_version
 
 TARGET, DRAFT = "Qwen2.5-Coder-1.5B", "Qwen2.5-Coder-0.5B"
@@ -24,7 +26,7 @@ def _spec_json(argv: list[str]) -> dict:
 
 
 def test_modern_vllm_uses_speculative_config():
-    cmd = serve_command("Llama-3.1-70B", "Llama-3.2-1B", k=5, tp=4, vllm_version="0.32.0", max_model_len=8192,
+    cmd = serve_command("Llama-3.1-70B", "Llama-3.2-1B", k=5, tp=4, engine=resolve_target("0.32.0"), max_model_len=8192,
                         util=0.92)
     assert cmd.argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-70B-Instruct"]
     assert _spec_json(cmd.argv) == {"method": "draft_model", "model": "meta-llama/Llama-3.2-1B-Instruct",
@@ -37,23 +39,21 @@ def test_modern_vllm_uses_speculative_config():
 
 
 def test_version_rules():
-    legacy = serve_command("Llama-3.1-70B", "Llama-3.2-1B", k=3, tp=2, vllm_version="0.6.3")
-    assert "--speculative-config" not in legacy.argv
-    assert legacy.argv[legacy.argv.index("--speculative-model") + 1] == "meta-llama/Llama-3.2-1B-Instruct"
-    assert legacy.argv[legacy.argv.index("--num-speculative-tokens") + 1] == "3"
-    assert "--speculative-draft-tensor-parallel-size" in legacy.argv
-    v0 = serve_command("Llama-3.1-70B", "Llama-3.2-1B", k=3, vllm_version="0.10.1")
-    assert v0.env == {"VLLM_USE_V1": "0"} and any("0.15" in n for n in v0.notes)
-    assert v0.text.startswith("VLLM_USE_V1=0 vllm serve")
-    v1 = serve_command("Llama-3.1-70B", "Llama-3.2-1B", k=3, vllm_version="0.15.0")
-    assert v1.env == {}
+    # A version older than the oldest modelled gets no command at all (engine.check_version refuses it): the legacy
+    # --speculative-model / VLLM_USE_V1=0 forms are gone with the versions that needed them.
+    for old in ("0.6.3", "0.10.1", "0.15.0"):
+        with pytest.raises(DraftfitError, match="older than the oldest"):
+            resolve_target(old)
+    for v in ("0.26.0", "0.33.0", "0.34.0"):
+        cmd = serve_command("Llama-3.1-70B", "Llama-3.2-1B", k=3, engine=resolve_target(v))
+        assert cmd.env == {} and "--speculative-config" in cmd.argv and cmd.vllm_version == v
     assert parse_version("0.32.0+cpu") == (0, 32, 0) and parse_version("0.8.5.post1") == (0, 8, 5)
 
 
 def test_eagle_head_and_sglang():
-    cmd = serve_command("Llama-3.3-70B", "EAGLE3-Llama-3.3-70B", k=3, tp=4, vllm_version="0.32.0")
+    cmd = serve_command("Llama-3.3-70B", "EAGLE3-Llama-3.3-70B", k=3, tp=4, engine=resolve_target("0.32.0"))
     assert _spec_json(cmd.argv)["method"] == "eagle3"
-    sg = serve_command(TARGET, DRAFT, k=4, tp=2, engine="sglang")
+    sg = serve_command(TARGET, DRAFT, k=4, tp=2, server="sglang")
     a = sg.argv
     assert a[:3] == ["python", "-m", "sglang.launch_server"]
     assert a[a.index("--speculative-algorithm") + 1] == "STANDALONE"
@@ -61,7 +61,7 @@ def test_eagle_head_and_sglang():
     assert a[a.index("--speculative-eagle-topk") + 1] == "1"
     assert a[a.index("--speculative-num-draft-tokens") + 1] == "5"
     assert a[a.index("--tp-size") + 1] == "2"
-    eagle_sg = serve_command("Llama-3.3-70B", "EAGLE3-Llama-3.3-70B", k=3, engine="sglang")
+    eagle_sg = serve_command("Llama-3.3-70B", "EAGLE3-Llama-3.3-70B", k=3, server="sglang")
     assert eagle_sg.argv[eagle_sg.argv.index("--speculative-algorithm") + 1] == "EAGLE3"
 
 
@@ -172,10 +172,11 @@ def test_vllm_validates_speculative_config_on_real_pair(vllm_parser, qwen_pair):
         engine_args.create_speculative_config(model_config, ParallelConfig(tensor_parallel_size=2))
 
 
-def test_launch_script_text_has_env_for_v0(tmp_path):
-    cmd = serve_command("Llama-3.1-70B", "Llama-3.2-1B", k=3, vllm_version="0.10.1")
+def test_launch_script_text_exports_the_commands_env(tmp_path):
+    cmd = serve_command("Llama-3.1-70B", "Llama-3.2-1B", k=3, engine=resolve_target("0.34.0"))
+    cmd.env["VLLM_LOGGING_LEVEL"] = "DEBUG"
     text = launch_script(cmd, target_arg="Llama-3.1-70B", draft_arg="Llama-3.2-1B")
-    assert "export VLLM_USE_V1=0" in text
+    assert "export VLLM_LOGGING_LEVEL=DEBUG" in text
     p = tmp_path / "s.sh"
     p.write_text(text)
     assert shutil.which("bash") and subprocess.run(["bash", "-n", str(p)]).returncode == 0

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from draftfit.engine import resolve_target
 from draftfit.cli import cli
 from draftfit.errors import DraftfitError
 from draftfit.launch.script import launch_script, validate_host
-from draftfit.launch.serve import serve_command
+from draftfit.engine.command import serve_command
 
 TARGET, DRAFT = "Qwen2.5-Coder-1.5B", "Qwen2.5-Coder-0.5B"
 STUBS = ("vllm", "python", "python3", "curl", "nvidia-smi", "draftfit")
@@ -116,7 +117,7 @@ def test_hostile_values_reach_commands_as_literals(stubbed, marker, launcher):
     t_path, d_path = f"/models/{value}/target", f"/models/{value}\n/draft"
     served = f"served {value}"
     engine = "sglang" if launcher == "sglang" else "vllm"
-    cmd = serve_command(TARGET, DRAFT, k=4, engine=engine, vllm_version="0.32.0", target_path=t_path,
+    cmd = serve_command(TARGET, DRAFT, k=4, server=engine, engine=resolve_target("0.32.0"), target_path=t_path,
                         draft_path=d_path, dtype="float32", launcher="module" if launcher == "module" else "cli",
                         extra_args=None if engine == "sglang" else ["--served-model-name", served])
     log = f"log {value}"  # relative: lands in the working folder
@@ -151,10 +152,11 @@ def test_hostile_values_reach_commands_as_literals(stubbed, marker, launcher):
 
 def test_newlines_in_paths_stay_data(stubbed):
     bin_dir, calls, work, env = stubbed
-    cmd = serve_command(TARGET, DRAFT, k=2, vllm_version="0.10.1", target_path=NEWLINE, draft_path=NEWLINE,
+    cmd = serve_command(TARGET, DRAFT, k=2, engine=resolve_target("0.33.0"), target_path=NEWLINE, draft_path=NEWLINE,
                         launcher="cli", extra_args=["--served-model-name", NEWLINE])
+    cmd.env["VLLM_LOGGING_LEVEL"] = "DEBUG"
     text = launch_script(cmd, target_arg=NEWLINE, draft_arg=NEWLINE, k=2, port=8124, timeout_s=30)
-    assert "export VLLM_USE_V1=0" in text
+    assert "export VLLM_LOGGING_LEVEL=DEBUG" in text
     run = _run(text, work, env)
     assert run.returncode == 0, run.stdout + run.stderr
     _assert_nothing_injected(work.parent)
@@ -173,7 +175,7 @@ def test_newlines_in_paths_stay_data(stubbed):
 ])
 def test_environment_overrides_are_data(stubbed, var, value, expect):
     bin_dir, calls, work, env = stubbed
-    cmd = serve_command(TARGET, DRAFT, k=4, vllm_version="0.32.0", launcher="cli")
+    cmd = serve_command(TARGET, DRAFT, k=4, engine=resolve_target("0.32.0"), launcher="cli")
     run = _run(launch_script(cmd, target_arg=TARGET, draft_arg=DRAFT), work, env, {var: value})
     assert run.returncode == 2 and expect in run.stderr, run.stderr
     _assert_nothing_injected(work.parent)
@@ -182,7 +184,7 @@ def test_environment_overrides_are_data(stubbed, var, value, expect):
 
 def test_environment_overrides_used_verbatim(stubbed):
     bin_dir, calls, work, env = stubbed
-    cmd = serve_command(TARGET, DRAFT, k=4, vllm_version="0.32.0", launcher="cli")
+    cmd = serve_command(TARGET, DRAFT, k=4, engine=resolve_target("0.32.0"), launcher="cli")
     log = "env log $(touch PWNED_dollar) `touch PWNED_tick`"
     run = _run(launch_script(cmd, target_arg=TARGET, draft_arg=DRAFT), work, env,
                {"LOG": log, "HOST": "::1", "PORT": "08125", "HEALTH_TIMEOUT_S": "30"})
@@ -206,7 +208,7 @@ def test_environment_overrides_used_verbatim(stubbed):
 @pytest.mark.parametrize("host", ["$(touch PWNED)", "a;b", "a b", "", "-x", "a..b", "é.example", "x" * 64 + ".com",
                                   "127.0.0.1\n", "`id`", "h:80", "[::1]"])
 def test_bad_hosts_refused(host):
-    cmd = serve_command(TARGET, DRAFT, k=4, vllm_version="0.32.0", launcher="cli")
+    cmd = serve_command(TARGET, DRAFT, k=4, engine=resolve_target("0.32.0"), launcher="cli")
     with pytest.raises(DraftfitError) as info:
         launch_script(cmd, target_arg=TARGET, draft_arg=DRAFT, host=host)
     assert "invalid host" in info.value.one_line() and "\n" not in info.value.one_line()
@@ -229,7 +231,7 @@ def test_good_hosts_accepted(host):
     ({"max_model_len": -5}, "max model length"), ({"warmup_tokens": 0}, "warm-up tokens"),
 ])
 def test_bad_values_refused(kwargs, what):
-    cmd = serve_command(TARGET, DRAFT, k=4, vllm_version="0.32.0", launcher="cli")
+    cmd = serve_command(TARGET, DRAFT, k=4, engine=resolve_target("0.32.0"), launcher="cli")
     base = {"target_arg": TARGET, "draft_arg": DRAFT}
     with pytest.raises(DraftfitError) as info:
         launch_script(cmd, **{**base, **kwargs})
@@ -237,13 +239,13 @@ def test_bad_values_refused(kwargs, what):
 
 
 def test_serve_command_with_nul_or_host_or_bad_env_refused():
-    cmd = serve_command(TARGET, DRAFT, k=4, vllm_version="0.32.0", launcher="cli", extra_args=["--x", "a\0b"])
+    cmd = serve_command(TARGET, DRAFT, k=4, engine=resolve_target("0.32.0"), launcher="cli", extra_args=["--x", "a\0b"])
     with pytest.raises(DraftfitError):
         launch_script(cmd, target_arg=TARGET, draft_arg=DRAFT)
-    cmd = serve_command(TARGET, DRAFT, k=4, vllm_version="0.32.0", launcher="cli", host="h", port=1)
+    cmd = serve_command(TARGET, DRAFT, k=4, engine=resolve_target("0.32.0"), launcher="cli", host="h", port=1)
     with pytest.raises(DraftfitError, match="already carries --host"):
         launch_script(cmd, target_arg=TARGET, draft_arg=DRAFT)
-    cmd = serve_command(TARGET, DRAFT, k=4, vllm_version="0.32.0", launcher="cli")
+    cmd = serve_command(TARGET, DRAFT, k=4, engine=resolve_target("0.32.0"), launcher="cli")
     cmd.env["A=B; touch PWNED"] = "1"
     with pytest.raises(DraftfitError, match="environment variable name"):
         launch_script(cmd, target_arg=TARGET, draft_arg=DRAFT)
@@ -277,17 +279,17 @@ def _variants() -> dict[str, str]:
     hostile = HOSTILE["PWNED_unicode"] + HOSTILE["PWNED_sq"] + HOSTILE["PWNED_dq"]
     v = {}
     for launcher in ("cli", "module"):
-        for version in ("0.6.3", "0.10.1", "0.32.0"):
-            cmd = serve_command(TARGET, DRAFT, k=3, tp=2, vllm_version=version, launcher=launcher,
+        for version in ("0.26.0", "0.33.0", "0.34.0"):
+            cmd = serve_command(TARGET, DRAFT, k=3, tp=2, engine=resolve_target(version), launcher=launcher,
                                 target_path=f"/m/{hostile}", draft_path=NEWLINE, max_model_len=1024, util=0.9,
                                 extra_args=["--served-model-name", hostile])
             v[f"{launcher}-{version}"] = launch_script(
                 cmd, target_arg=f"/m/{hostile}", draft_arg=NEWLINE, gpu="H100-80GB", tp=2, k=3, max_model_len=1024,
                 util=0.9, host="::1", port=65535, log=f"l {hostile}", draftfit_bin=f"/opt/{hostile}/draftfit",
-                warmup_prompt=hostile + NEWLINE, keep_running=version == "0.32.0")
-    sg = serve_command(TARGET, DRAFT, k=4, engine="sglang", target_path=hostile, draft_path=hostile)
+                warmup_prompt=hostile + NEWLINE, keep_running=version == "0.34.0")
+    sg = serve_command(TARGET, DRAFT, k=4, server="sglang", target_path=hostile, draft_path=hostile)
     v["sglang-nopreflight"] = launch_script(sg, target_arg=hostile, draft_arg=hostile, preflight=False)
-    v["defaults"] = launch_script(serve_command(TARGET, DRAFT, vllm_version="0.32.0"), target_arg=TARGET,
+    v["defaults"] = launch_script(serve_command(TARGET, DRAFT, engine=resolve_target("0.32.0")), target_arg=TARGET,
                                   draft_arg=DRAFT)
     return v
 

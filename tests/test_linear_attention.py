@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from draftfit.engine import resolve_target
 from draftfit.catalog.specs import (mtp_drafter, resolve_model, spec_from_config, validate_config,
                                     expand_layer_types, layer_kinds)
 from draftfit.errors import DraftfitError
@@ -124,8 +125,8 @@ def test_linear_layers_without_shapes_are_refused():
 
 def test_hybrid_runner_and_block_per_vllm_version():
     spec, h200 = resolve_model("Qwen3-Next-80B-A3B"), resolve_gpu("H200")
-    old = plan_memory(spec, None, h200, tp=2, max_model_len=32768, vllm_version="0.26.0")
-    new = plan_memory(spec, None, h200, tp=2, max_model_len=32768, vllm_version="0.33.0")
+    old = plan_memory(spec, None, h200, tp=2, max_model_len=32768, rules=resolve_target("0.26.0").rules)
+    new = plan_memory(spec, None, h200, tp=2, max_model_len=32768, rules=resolve_target("0.33.0").rules)
     assert old.model_runner == "v1" and new.model_runner == "v2"
     # TP=2 halves the state and the per-token page alike: the block stays 544 tokens.
     assert old.kv_block_tokens == 544 and old.fits

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from draftfit.engine import resolve_target
 from draftfit.calibration.tables import tables_digest
 from draftfit.speedup.stepcost import (eager_host_ms, expert_coverage, expert_params_per_layer, forward_ms, gpu_spec,
                                        model_spec, prior_step_cost, weight_bytes_per_rank)
@@ -180,11 +181,11 @@ def test_moe_output_says_what_its_step_costs_assume():
     from draftfit.speedup.stepcost import fitted_overheads, gpu_spec, model_spec, prior_step_cost, step_cost_model
 
     moe = step_cost_model("Mixtral-8x7B", "Mistral-7B-v0.1", "H200", batches=(1, 32), k_values=[2],
-                          vllm_version="0.26")
+                          rules=resolve_target("0.26").rules)
     assert any(n.startswith("MoE: ") and "uniform" in n and "dummy weights" in n for n in moe.notes)
-    dense = step_cost_model("Llama-3.1-8B", "Llama-3.2-1B", "H200", batches=(1,), k_values=[2], vllm_version="0.26")
+    dense = step_cost_model("Llama-3.1-8B", "Llama-3.2-1B", "H200", batches=(1,), k_values=[2], rules=resolve_target("0.26").rules)
     assert not any(n.startswith("MoE: ") for n in dense.notes)
-    ov = fitted_overheads(vllm_version="0.26")
+    ov = fitted_overheads(tables_key="0.26")
     checked = 0
     for t in tables_of_version(load_tables()):
         target = model_spec(t.target)
@@ -285,7 +286,7 @@ def test_untuned_fused_moe_config_matches_the_h200_logs():
                 seen[c["spec"]["target"]] = (m.group(1), "Using default MoE config" not in log)
     assert set(seen) == {"Mixtral-8x7B", "Qwen1.5-MoE-A2.7B", "Qwen3-30B-A3B"}
     for target, (name, tuned) in seen.items():
-        assert moe_kernel_config(model_spec(target), gpu_spec("H200"), tp=1, vllm_version="0.26.0") == (name, tuned)
+        assert moe_kernel_config(model_spec(target), gpu_spec("H200"), tp=1, rules=resolve_target("0.26.0").rules) == (name, tuned)
     assert seen["Qwen1.5-MoE-A2.7B"][1] is False and seen["Mixtral-8x7B"][1] is True
     assert moe_kernel_config(model_spec("Llama-3.1-8B"), gpu_spec("H200"), tp=1) is None
 
@@ -294,9 +295,9 @@ def test_untuned_moe_config_is_said_in_the_step_cost_notes():
     from draftfit.speedup.stepcost import step_cost_model
 
     untuned = step_cost_model("Qwen1.5-MoE-A2.7B", "Qwen1.5-0.5B", "H200", batches=(128,), k_values=(4,),
-                              vllm_version="0.26.0")
+                              rules=resolve_target("0.26.0").rules)
     tuned = step_cost_model("Mixtral-8x7B", "Mistral-7B-v0.1", "H200", batches=(128,), k_values=(4,),
-                            vllm_version="0.26.0")
+                            rules=resolve_target("0.26.0").rules)
     assert any("E=60,N=1408,device_name=NVIDIA_H200" in n and "default MoE config" in n for n in untuned.notes)
     assert not any("default MoE config" in n for n in tuned.notes)
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from draftfit.engine import resolve_target
+from draftfit.engine.rules import VLLM_RULES
 from draftfit.errors import DraftfitError
 from draftfit.speedup.predict import (analytic_speedup, expected_tokens_per_step, extend_curve, k_schedule,
                               predict_speedup)
@@ -222,26 +224,26 @@ def test_033_draft_model_uses_its_own_tables_and_overheads():
     from draftfit.speedup.stepcost import fitted_overheads, step_cost_model
 
     p33 = predict_speedup("Llama-3.1-8B", "Llama-3.2-1B", "H200", acceptance=0.8, batches=[1, 8, 32, 128],
-                          vllm_version="0.33.0")
+                          rules=resolve_target("0.33.0").rules)
     assert p33.verdict == "don't" and all(p33.batches[b].best_k == 0 for b in (1, 8, 32, 128))
-    m33 = step_cost_model("Llama-3.1-8B", "Llama-3.2-1B", "H200", batches=[1], k_values=[4], vllm_version="0.33")
+    m33 = step_cost_model("Llama-3.1-8B", "Llama-3.2-1B", "H200", batches=[1], k_values=[4], rules=resolve_target("0.33").rules)
     assert m33.tables and all(t.modelled_vllm == "0.33" for t in m33.tables) and m33.vllm_version == "0.33"
     assert m33.per_batch[1].spec_step_ms[4] > 40  # measured 47.5 ms (0.26: 18.1)
-    m26 = step_cost_model("Llama-3.1-8B", "Llama-3.2-1B", "H200", batches=[1], k_values=[4], vllm_version="0.26")
+    m26 = step_cost_model("Llama-3.1-8B", "Llama-3.2-1B", "H200", batches=[1], k_values=[4], rules=resolve_target("0.26").rules)
     assert m26.tables and all(t.modelled_vllm == "0.26" for t in m26.tables)
     assert m26.per_batch[1].spec_step_ms[4] < 25
     # the 32B pair has a 0.26 table only: under 0.33 the 0.33 prior, not that table
     c33 = step_cost_model("Qwen2.5-Coder-32B", "Qwen2.5-Coder-7B", "H200", batches=[1], k_values=[3],
-                          vllm_version="0.33")
+                          rules=resolve_target("0.33").rules)
     assert not c33.tables and c33.per_batch[1].source == "roofline prior" and not c33.widened_for
     assert any("vLLM 0.33 points" in n for n in c33.notes)
-    ov26, ov33 = fitted_overheads(vllm_version="0.26"), fitted_overheads(vllm_version="0.33")
+    ov26, ov33 = fitted_overheads(tables_key="0.26"), fitted_overheads(tables_key="0.33")
     assert ov26["vllm_version"] == "0.26" and ov33["vllm_version"] == "0.33"
     assert ov33["draft_layer_ms"] > 1.5 * ov26["draft_layer_ms"]  # eager draft passes: 0.45 vs 0.21 ms per layer
     assert fitted_overheads() == ov26  # None is 0.26: its fit did not move
     # an EAGLE-3 head under 0.33 runs the CUDA-graphed speculator: 0.26's overheads, band widened, said
     e33 = step_cost_model("Llama-3.1-8B", "EAGLE3-Llama-3.1-8B", "H200", batches=[1], k_values=[3],
-                          vllm_version="0.33")
+                          rules=resolve_target("0.33").rules)
     assert e33.widened_for and any("method eagle3" in n for n in e33.notes)
 
 
@@ -662,9 +664,9 @@ def test_graph_limit_note_says_where_the_prior_prices_an_eager_verify():
     assert "Qwen1.5-MoE-A2.7B 64 ms" in note and "Qwen1.5-0.5B 13 ms" in note and GRAPH_LIMIT_MARK in note
     assert graph_limit_note(t, d, batches=(1, 8, 32), k_values=range(1, 9)) is None
     # No table of the pair under 0.33: the prior's note; under 0.26 the calibrated table needs none.
-    prior = step_cost_model(t, d, "H200", batches=(1, 128), vllm_version="0.33")
+    prior = step_cost_model(t, d, "H200", batches=(1, 128), rules=resolve_target("0.33").rules)
     assert any(GRAPH_LIMIT_MARK in n for n in prior.notes)
-    calibrated = step_cost_model(t, d, "H200", batches=(1, 128), vllm_version="0.26")
+    calibrated = step_cost_model(t, d, "H200", batches=(1, 128), rules=resolve_target("0.26").rules)
     assert calibrated.source.startswith("calibrated") and not any(GRAPH_LIMIT_MARK in n for n in calibrated.notes)
     # 0.33 named: the version whose prior prices this pair (0.34, the default, reads 0.26's table of it).
     out = subprocess.run(DRAFTFIT + ["rank", "--target", "Qwen1.5-MoE-A2.7B", "--gpu", "H200", "--batch", "1,128",
@@ -699,7 +701,7 @@ def test_heads_pay_a_plain_steps_host_overhead_on_either_runner():
             assert p.spec_overhead_ms == pytest.approx(ov["spec_ms"] + 8 * ov["spec_seq_ms"] - ov["plain_ms"]
                                                        - 8 * ov["plain_seq_ms"])
         else:
-            assert heads_async_scheduling(draft) and head_on_async_runner(target, draft, "0.26") is v2
+            assert heads_async_scheduling(draft) and head_on_async_runner(target, draft, VLLM_RULES["0.26"]) is v2
             assert p.spec_overhead_ms == pytest.approx(0.0, abs=1e-12)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from draftfit.engine import resolve_target
 from draftfit.calibration.tables import load_tables
 from draftfit.catalog.specs import load_models, method_drafter
 from draftfit.errors import DraftfitError
@@ -37,7 +38,7 @@ def test_invariants_hold_over_catalog_pairs(version):
         for alpha in (0.3, 0.8):
             try:
                 p = predict_speedup(t, d, "H200", acceptance=alpha, batches=BATCHES, k_values=KS,
-                                    vllm_version=version)
+                                    rules=resolve_target(version).rules)
             except DraftfitError as e:  # an invariant broken names the pair: that is a failure here
                 pytest.fail(str(e))
             for b, bp in p.batches.items():
@@ -61,7 +62,7 @@ def test_calibrated_predictions_within_measured_band():
             continue
         try:
             m = step_cost_model(t.target, t.draft, t.gpu, batches=[int(b) for b in t.baseline], k_values=t.ks,
-                                tp=t.tp, vllm_version="0.26.0")
+                                tp=t.tp, rules=resolve_target("0.26.0").rules)
         except DraftfitError:
             continue
         if not m.source.startswith("calibrated"):
@@ -82,7 +83,7 @@ def test_calibrated_predictions_within_measured_band():
 
 def test_qwen3_30b_k1_batch128_within_measured_band():
     p = predict_speedup("Qwen3-30B-A3B", "Qwen3-0.6B", "H200", acceptance=0.8, batches=[128], k_values=[1],
-                        vllm_version="0.26.0")
+                        rules=resolve_target("0.26.0").rules)
     bp = p.batches[128]
     assert bp.low <= bp.measured[1] <= bp.high
     assert bp.per_k[1]["spec_step_ms"] >= bp.base_step_ms

@@ -5,8 +5,10 @@ import json
 
 import pytest
 
+from draftfit.engine import resolve_target
+from draftfit.engine.rules import VLLM_RULES
 from draftfit.catalog.specs import resolve_gpu, resolve_model
-from draftfit.memory.plan import (GIB, GPU_VERSION_RULES, INIT_USED_GIB, decode_capture_grid, kv_budget,
+from draftfit.memory.plan import (GIB, INIT_USED_GIB, decode_capture_grid, kv_budget,
                                   parse_vllm_memory_log, plan_memory)
 
 H200 = resolve_gpu("H200")
@@ -21,7 +23,7 @@ def _plan(target, draft=None, **kw):
 
 
 def test_rules_record_fields():
-    r26, r33, r34 = (GPU_VERSION_RULES[v] for v in ("0.26", "0.33", "0.34"))
+    r26, r33, r34 = (VLLM_RULES[v] for v in ("0.26", "0.33", "0.34"))
     assert (r26.kv_sizing, r33.kv_sizing, r34.kv_sizing) == ("estimate", "estimate", "measured")
     assert (r26.default_block_size, r33.default_block_size, r34.default_block_size) == (16, 16, 64)
     assert r33.default_util == 0.92 and r34.default_util is None
@@ -30,7 +32,7 @@ def test_rules_record_fields():
 
 
 def test_measured_budget_explicit_util_is_bound_by_request():
-    rules = GPU_VERSION_RULES["0.34"]
+    rules = VLLM_RULES["0.34"]
     total = 139.81 * GIB
     b = kv_budget(rules, total=total, requested=int(0.9 * total), weights=16 * GIB, peak=2 * GIB,
                   non_torch=0.2 * GIB, cg_reserved=0, cg_pool=1 * GIB)
@@ -39,7 +41,7 @@ def test_measured_budget_explicit_util_is_bound_by_request():
 
 
 def test_measured_budget_unset_util_keeps_margin_below_headroom():
-    rules = GPU_VERSION_RULES["0.34"]
+    rules = VLLM_RULES["0.34"]
     total = 139.81 * GIB
     b = kv_budget(rules, total=total, requested=int(total), weights=16 * GIB, peak=2 * GIB, non_torch=0.2 * GIB,
                   cg_reserved=0, cg_pool=1 * GIB)
@@ -54,33 +56,33 @@ def test_measured_budget_unset_util_keeps_margin_below_headroom():
 
 def test_measured_budget_never_exceeds_profile_capacity():
     # a graph pool of 0 and a low util: the measured budget equals the profile run's, never more
-    rules = GPU_VERSION_RULES["0.34"]
+    rules = VLLM_RULES["0.34"]
     b = kv_budget(rules, total=100 * GIB, requested=50 * GIB, weights=10 * GIB, peak=1 * GIB, non_torch=0,
                   cg_reserved=0, cg_pool=0)
     assert b.pool <= 50 * GIB - 11 * GIB
 
 
 def test_estimate_rule_is_the_033_formula():
-    b = kv_budget(GPU_VERSION_RULES["0.33"], total=140 * GIB, requested=120 * GIB, weights=16 * GIB, peak=2 * GIB,
+    b = kv_budget(VLLM_RULES["0.33"], total=140 * GIB, requested=120 * GIB, weights=16 * GIB, peak=2 * GIB,
                   non_torch=GIB, cg_reserved=GIB, cg_pool=5 * GIB)
     assert b.pool == 100 * GIB
 
 
 def test_034_defaults_block_64_and_unset_util_gives_more_kv():
-    unset = _plan("Llama-3.1-8B", "Llama-3.2-1B", util=None, vllm_version="0.34.0")
-    at_09 = _plan("Llama-3.1-8B", "Llama-3.2-1B", util=0.9, vllm_version="0.34.0")
+    unset = _plan("Llama-3.1-8B", "Llama-3.2-1B", util=None, rules=resolve_target("0.34.0").rules)
+    at_09 = _plan("Llama-3.1-8B", "Llama-3.2-1B", util=0.9, rules=resolve_target("0.34.0").rules)
     assert unset.block_size == 64 and unset.util == 1.0
     assert unset.kv_tokens > at_09.kv_tokens * 1.08
     assert unset.kv_tokens_low <= unset.kv_tokens <= unset.kv_tokens_high
     assert any("extensible" in n for n in unset.notes)
     # 0.33 leaves util at its own default 0.92 when unset
-    assert _plan("Llama-3.1-8B", util=None, vllm_version="0.33.0").util == 0.92
+    assert _plan("Llama-3.1-8B", util=None, rules=resolve_target("0.33.0").rules).util == 0.92
 
 
 def test_034_drafter_graphs_add_to_the_pool_033_has_none():
-    p33 = _plan("Qwen3-8B", "Qwen3-0.6B", util=0.9, vllm_version="0.33.0")
-    p34 = _plan("Qwen3-8B", "Qwen3-0.6B", util=0.9, vllm_version="0.34.0")
-    alone = _plan("Qwen3-8B", util=0.9, vllm_version="0.34.0")
+    p33 = _plan("Qwen3-8B", "Qwen3-0.6B", util=0.9, rules=resolve_target("0.33.0").rules)
+    p34 = _plan("Qwen3-8B", "Qwen3-0.6B", util=0.9, rules=resolve_target("0.34.0").rules)
+    alone = _plan("Qwen3-8B", util=0.9, rules=resolve_target("0.34.0").rules)
     assert p34.cudagraph_gib > p33.cudagraph_gib
     assert p34.cudagraph_gib > alone.cudagraph_gib
 
@@ -169,5 +171,5 @@ def test_034_phases_are_preregistered_and_never_select_runner_v1():
 def test_034_sliding_window_groups_follow_block_64():
     # Gemma-2-9b at 2048 tokens: 2048/64 = 32 full-layer blocks + cdiv(min(4095 + in-flight, 2048), 64) + 1 = 33
     # sliding-layer blocks per request (0.33, 16-token blocks: 128 + 129).
-    p = _plan("Gemma-2-9b", util=0.85, vllm_version="0.34.0")
+    p = _plan("Gemma-2-9b", util=0.85, rules=resolve_target("0.34.0").rules)
     assert p.block_size == 64 and p.kv_blocks_per_request == 32 + 33

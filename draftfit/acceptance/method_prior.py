@@ -37,15 +37,14 @@ from draftfit.acceptance.curve import iid_alpha
 from draftfit.acceptance.prior import AcceptanceEstimate
 from draftfit.acceptance.replay import ReplayCounts, replay
 from draftfit.acceptance.suffix_replay import SuffixConfig, replay_suffix
+# The lookup window draftfit serves and predicts with: one home, engine/methods.py, beside the speculative config.
+from draftfit.engine.methods import NGRAM_LOOKUP
 from draftfit.paths import DATA_DIR, cache_dir, read_json, write_json_atomic
 
 NGRAM_DIR = DATA_DIR / "reference" / "ngram"
 PUBLISHED_PRIORS = DATA_DIR / "reference" / "method_priors_published.yaml"
 # The suffix settings draftfit predicts with and serves: vLLM's defaults (serve-cmd writes none of them).
 SUFFIX_CONFIG = SuffixConfig()
-# The lookup window draftfit serves and predicts with: min 2 catches short repeats (identifiers, numbers),
-# max 5 prefers longer, safer matches when they exist. vLLM's default when none is given is 5/5.
-NGRAM_LOOKUP = (2, 5)
 PRIOR_K = 8  # one replay at K=8 gives the per-position curve for every smaller K
 
 

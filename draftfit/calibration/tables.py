@@ -31,7 +31,7 @@ from draftfit.calibration import worker as calibrate_worker
 from draftfit.calibration.drain import batch_share, drain, steady_step_ms
 from draftfit.catalog.specs import ModelSpec, resolve_model
 from draftfit.acceptance.store import MeasurementStore
-from draftfit.engine.versions import MODELLED, modelled_version
+from draftfit.engine.versions import UNVERSIONED_TABLES_KEY, tables_key_of
 
 CALIBRATION_DIR = DATA_DIR / "calibration"
 CONFIGS_DIR = CALIBRATION_DIR / "configs"
@@ -158,7 +158,7 @@ def config_json_for(spec) -> dict:
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     elif model_type in ("mistral", "mixtral"):
         # Mistral's sliding window is the model's own (4096 in Mistral-7B-v0.1, none in Mixtral and v0.3).
-        cfg.update(rms_norm_eps=1e-5, rope_theta=10000.0 if "v0.1" in spec.name and model_type == "mistral"
+        cfg.update(rms_norm_eps=1e-5, rope_theta=10000.0 if "-v0.1" in spec.name and model_type == "mistral"
                    else 1000000.0, sliding_window=spec.sliding_window or None)
         if model_type == "mixtral":
             # Mixtral's experts are intermediate_size wide; num_local_experts is its name for the count.
@@ -205,15 +205,10 @@ def write_campaign_configs(names=None, root: Path = CONFIGS_DIR) -> list[Path]:
 # The floor of a table's step band: what two engine starts of the quiet 32B pair differed by (at most 6 %).
 CALIBRATED_UNCERTAINTY = 0.06
 DEFAULT_ACCEPTANCE = 0.8  # the campaign's main synthetic rate; other rates get their own table file
-# Step-cost tables are keyed by the vLLM they were measured on: a file without a `__v<major.minor>` suffix (and a
-# table without a vllm_version) is vLLM 0.26's, the version every shipped table was measured with.
-DEFAULT_TABLE_VLLM = MODELLED[0]
-
-
-def table_vllm(vllm_version: str | None) -> str:
-    """The modelled vLLM a table, a fit or a request stands for: `vllm_version`'s (engine.versions.modelled_version),
-    0.26's when none is named (every table before the 0.33 campaign named none)."""
-    return modelled_version(vllm_version)[0] if vllm_version else DEFAULT_TABLE_VLLM
+# Step-cost tables are keyed by the vLLM they were measured on (VllmRules.tables_key, engine.versions.tables_key_of
+# of the table's own vllm_version): a file without a `__v<major.minor>` suffix (and a table without a vllm_version)
+# is vLLM 0.26's, the version every shipped table was measured with (engine.versions.UNVERSIONED_TABLES_KEY).
+DEFAULT_TABLE_VLLM = UNVERSIONED_TABLES_KEY
 
 
 @dataclass
@@ -241,8 +236,8 @@ class CalibrationTable:
 
     @property
     def modelled_vllm(self) -> str:
-        """The modelled vLLM this table stands for (engine.versions.MODELLED; 0.26 when it names none)."""
-        return table_vllm(self.vllm_version)
+        """The tables key this table stands for (engine.versions.tables_key_of its recorded vllm_version)."""
+        return tables_key_of(self.vllm_version)
 
     @property
     def configuration(self) -> str:
@@ -360,9 +355,10 @@ def tables_digest(directory: Path | None = None) -> tuple[list[str], str]:
 
 
 def table_filename(target: str, draft: str, gpu: str, tp: int, acceptance: float = DEFAULT_ACCEPTANCE,
-                   vllm_version: str | None = None) -> str:
+                   recorded_vllm: str | None = None) -> str:
+    """The table's file name; `recorded_vllm`: the vLLM the table was measured with (its own vllm_version)."""
     rate = "" if float(acceptance) == DEFAULT_ACCEPTANCE else f"__a{float(acceptance):g}"
-    modelled = table_vllm(vllm_version)
+    modelled = tables_key_of(recorded_vllm)
     ver = "" if modelled == DEFAULT_TABLE_VLLM else f"__v{modelled}"
     return f"{slug(target)}__{slug(draft)}__{slug(gpu)}__tp{tp}{rate}{ver}.json"
 
@@ -405,23 +401,23 @@ def load_tables(directory: Path | None = None) -> list[CalibrationTable]:
     return list(out)
 
 
-def tables_of_version(tables, vllm_version: str | None = None) -> list:
-    """The tables that stand for `vllm_version`'s modelled vLLM (vLLM 0.26's when None: every table before the
-    0.33 campaign was, and None keeps their fit as it was)."""
-    wanted = table_vllm(vllm_version)
+def tables_of_version(tables, tables_key: str | None = None) -> list:
+    """The tables of one VllmRules.tables_key (vLLM 0.26's when None: every table before the 0.33 campaign was,
+    and None keeps their fit as it was)."""
+    wanted = tables_key_of(tables_key)
     return [t for t in tables if t.modelled_vllm == wanted]
 
 
 def find_tables(target: str, draft: str, gpu: str, tp: int, directory: Path | None = None,
-                vllm_version: str | None = None) -> list:
+                tables_key: str | None = None) -> list:
     """Every calibration table of this layout (one per synthetic rate), the richest first: the most
-    (K, batch) rows, the main rate on a tie. Names and GPUs match loosely. Only `vllm_version`'s modelled
-    version's tables (0.26's when None) when it has any, else the others (the caller widens the band: see
+    (K, batch) rows, the main rate on a tie. Names and GPUs match loosely. Only the tables of `tables_key`
+    (VllmRules.tables_key; 0.26's when None) when it has any, else the others (the caller widens the band: see
     speedup.stepcost UNCALIBRATED_VERSION_BAND_FACTOR)."""
     hits = [t for t in load_tables(directory)
             if (_norm(t.target) == _norm(target) and _norm(t.draft) == _norm(draft) and int(t.tp) == int(tp)
                 and (_norm(t.gpu) in _norm(gpu) or _norm(gpu) in _norm(t.gpu)))]
-    hits = tables_of_version(hits, vllm_version) or hits
+    hits = tables_of_version(hits, tables_key) or hits
     return sorted(hits, key=lambda t: (sum(len(rows) for rows in t.spec.values()),
                                        float(t.acceptance) == DEFAULT_ACCEPTANCE), reverse=True)
 

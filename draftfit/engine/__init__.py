@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from draftfit.engine.rules import VLLM_RULES, VllmRules
+from draftfit.engine import versions as _versions
 from draftfit.engine.versions import MODELLED, parse_version, resolve_vllm_version
 from draftfit.errors import DraftfitError
 
@@ -20,6 +21,23 @@ class EngineTarget:
     modelled: str  # the modelled version standing for it (versions.MODELLED)
     note: str  # which version and why (the layout's notes and --json)
     rules: VllmRules
+    # Where the version came from: "requested" (--vllm-version), "installed" (a GPU vLLM here) or "newest" (none of
+    # those: the newest modelled). The serve command states the version only when it was not a default.
+    origin: str = "newest"
+
+    @property
+    def requested(self) -> str | None:
+        """The version the user passed (--vllm-version), None when none was."""
+        return self.version if self.origin == "requested" else None
+
+    @property
+    def mapped(self) -> bool:
+        """The version is not modelled exactly: another modelled version's rules stand for it (note says why)."""
+        return parse_version(self.version)[:2] != parse_version(self.modelled)[:2]
+
+    @property
+    def is_default(self) -> bool:
+        return self.origin == "newest"
 
 
 def check_version(version: str | None, option: str = "--vllm-version") -> str | None:
@@ -41,8 +59,14 @@ def check_version(version: str | None, option: str = "--vllm-version") -> str | 
 
 def resolve_target(version: str | None = None) -> EngineTarget:
     """The engine for `version` (checked), else an installed GPU vLLM, else the newest modelled."""
-    used, modelled, note = resolve_vllm_version(check_version(version))
-    return EngineTarget(version=used, modelled=modelled, note=note, rules=VLLM_RULES[modelled])
+    checked = check_version(version)
+    used, modelled, note = resolve_vllm_version(checked)
+    origin = "requested" if checked else ("installed" if installed_gpu_vllm_version() else "newest")
+    return EngineTarget(version=used, modelled=modelled, note=note, rules=VLLM_RULES[modelled], origin=origin)
+
+
+def installed_gpu_vllm_version() -> str | None:
+    return _versions.installed_gpu_vllm_version()  # looked up through the module: tests monkeypatch it there
 
 
 def rules_for(modelled: str) -> VllmRules:

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from draftfit.errors import DraftfitError
 from draftfit.paths import PACKAGE_DIR
-from draftfit.engine.versions import MODELLED, modelled_version, parse_version
+from draftfit.engine.rules import VllmRules
 
 FLAGS_DIR = PACKAGE_DIR / "data" / "vllm_flags"
 ESSENTIAL_SPEC_KEYS = ("method", "model", "num_speculative_tokens")
@@ -31,21 +31,11 @@ def flag_list(modelled: str) -> dict:
                             fix="reinstall draftfit, or run bench/vllm_flags.py on that vLLM's wheel") from None
 
 
-def checked_version(version: str | None) -> str | None:
-    """The modelled version whose flag list applies, or None when `version` predates every modelled one (the
-    legacy command forms of serve.py are written from the release notes, not checked)."""
-    if version and parse_version(version)[:2] < parse_version(MODELLED[0]):
-        return None
-    return modelled_version(version)[0]
-
-
-def keep_known(argv: list[str], spec_cfg: dict | None, version: str | None,
+def keep_known(argv: list[str], spec_cfg: dict | None, rules: VllmRules,
                first_flag: int = 0) -> tuple[list[str], dict | None, list[str]]:
-    """(argv, speculative_config, notes) with what `version` lacks taken out. argv[first_flag:] is read as
+    """(argv, speculative_config, notes) with what `rules`' version lacks taken out. argv[first_flag:] is read as
     `--flag [values...]` groups; --speculative-config's JSON is rewritten from the kept keys."""
-    modelled = checked_version(version)
-    if modelled is None:
-        return argv, spec_cfg, []
+    modelled = rules.tables_key
     known = flag_list(modelled)
     flags, keys = set(known["serve_flags"]), set(known["speculative_config_keys"])
     notes: list[str] = []

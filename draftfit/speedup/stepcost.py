@@ -35,16 +35,17 @@ from pathlib import Path
 from draftfit.errors import DraftfitError
 from draftfit.calibration import drain as _drain_module, tables as _tables_module
 from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, PooledSteps, find_tables, load_tables,
-                                         model_spec as resolve, table_vllm, tables_of_version)
+                                         model_spec as resolve, tables_of_version)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
 from draftfit.catalog.shapes import kv_bytes_per_token
 from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer_params_of, resolve_gpu
-from draftfit.memory.plan import (accounting, attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
+from draftfit.memory.plan import (attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
                                   model_runner, weights_bytes_per_rank as weights_bytes_per_rank_plan)
 from draftfit.engine.flags import flag_list
 from draftfit.speedup.loop_factor import draft_loop_factor
-from draftfit.engine.rules import VLLM_RULES
-from draftfit.engine.versions import modelled_version
+from draftfit.engine import resolve_target
+from draftfit.engine.rules import VLLM_RULES, VllmRules
+from draftfit.engine.versions import tables_key_of
 
 # Fractions of the data-sheet numbers a decode step reaches. Bandwidth: a device-to-device copy on the lent
 # H200 moved ~4.3 TB/s against 4.8 on the sheet (/work/.library/device/KINDS.md); decode GEMVs reach a bit
@@ -170,9 +171,9 @@ UNTUNED_MOE_NOTE = (
     "the doubt")
 
 
-def moe_kernel_config(spec, gpu, *, tp: int, vllm_version: str | None = None) -> tuple[str, bool] | None:
-    """(the fused-MoE config file name vLLM looks up for this MoE model's layers, whether `vllm_version` ships
-    it) or None where it does not apply: a dense model, a GPU whose vLLM device name draftfit does not know, or
+def moe_kernel_config(spec, gpu, *, tp: int, rules: VllmRules | None = None) -> tuple[str, bool] | None:
+    """(the fused-MoE config file name vLLM looks up for this MoE model's layers, whether `rules`' version (None:
+    the engine's default) ships it) or None where it does not apply: a dense model, a GPU whose vLLM device name draftfit does not know, or
     quantized expert weights (vLLM picks among Triton, CUTLASS, DeepGEMM and Marlin kernels for those, so the
     Triton config may not be what runs; only the unquantized Triton path was seen on the H200 logs)."""
     if not getattr(spec, "is_moe", False):
@@ -182,19 +183,20 @@ def moe_kernel_config(spec, gpu, *, tp: int, vllm_version: str | None = None) ->
         return None
     n = (spec.moe_intermediate_size or spec.intermediate_size) // tp
     name = f"E={spec.num_experts},N={n},device_name={device}"
-    shipped = flag_list(modelled_version(vllm_version)[0]).get("fused_moe_configs")
+    shipped = flag_list((rules or resolve_target().rules).tables_key).get("fused_moe_configs")
     if shipped is None:
         return None
     return name, name in shipped
 
 
-def untuned_moe_note(spec, gpu, *, tp: int, vllm_version: str | None = None) -> str | None:
-    """UNTUNED_MOE_NOTE for an MoE model whose fused-MoE config `vllm_version` does not ship, else None: the one
+def untuned_moe_note(spec, gpu, *, tp: int, rules: VllmRules | None = None) -> str | None:
+    """UNTUNED_MOE_NOTE for an MoE model whose fused-MoE config `rules`' version does not ship, else None: the one
     statement of it, said by the layout (rank, memory, preflight) and by step_cost_model (speedup)."""
-    kernel = moe_kernel_config(spec, gpu, tp=tp, vllm_version=vllm_version)
+    rules = rules or resolve_target().rules
+    kernel = moe_kernel_config(spec, gpu, tp=tp, rules=rules)
     if not kernel or kernel[1]:
         return None
-    return UNTUNED_MOE_NOTE.format(version=modelled_version(vllm_version)[0], name=kernel[0], target=spec.name,
+    return UNTUNED_MOE_NOTE.format(version=rules.tables_key, name=kernel[0], target=spec.name,
                                    gpu=getattr(gpu, "name", str(gpu)), tp=tp)
 
 
@@ -464,6 +466,11 @@ def _loop_factor(target, draft, overheads: dict, loop_factor: float | None) -> f
 FIRST_DRAFT_PASS_HIDDEN = {m: r.first_draft_pass_hidden for m, r in VLLM_RULES.items()}
 
 
+def _fit_rules(overheads: dict | None) -> VllmRules:
+    """The rules of the vLLM `overheads` were fitted for (fitted_overheads' `vllm_version`: a tables key)."""
+    return VLLM_RULES[tables_key_of((overheads or {}).get("vllm_version"))]
+
+
 def first_pass_hidden(overheads: dict | None) -> bool:
     """FIRST_DRAFT_PASS_HIDDEN of the vLLM `overheads` were fitted for (fitted_overheads' `vllm_version`)."""
     return FIRST_DRAFT_PASS_HIDDEN.get((overheads or {}).get("vllm_version") or DEFAULT_TABLE_VLLM, True)
@@ -546,7 +553,7 @@ def heads_async_scheduling(draft) -> bool:
     return bool(getattr(draft, "is_eagle", False))
 
 
-def head_on_async_runner(target, draft, vllm_version: str | None = None) -> bool:
+def head_on_async_runner(target, draft, rules: VllmRules | None = None) -> bool:
     """Whether `draft` is an EAGLE/MTP head that vLLM runs on its V2 model runner (memory.plan.model_runner: in
     0.26 a dense target's; MoE and hybrid targets stay on V1 there). The V2 runner keeps the batch on the GPU and
     schedules the next step while this one runs (async scheduling, on for EAGLE/MTP), and replays the head's passes
@@ -557,19 +564,19 @@ def head_on_async_runner(target, draft, vllm_version: str | None = None) -> bool
     scheduling, on for heads on either runner (heads_async_scheduling), hid it."""
     if not getattr(draft, "is_eagle", False):
         return False
-    return model_runner(target, draft, accounting(vllm_version)[0]) == "v2"
+    return model_runner(target, draft, rules or resolve_target().rules) == "v2"
 
 
 def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, context_len: int = 1024,
-                    overheads: dict | None = None, vllm_version: str | None = None,
+                    overheads: dict | None = None, rules: VllmRules | None = None,
                     loop_factor: float | None = None, kv_dtype_bytes: int = 2) -> StepCost:
-    """The roofline prior's step costs. `vllm_version` (default: the one `overheads` were fitted for) decides
+    """The roofline prior's step costs. `rules` (default: those of the vLLM `overheads` were fitted for) decide
     which model runner a head drafter runs on (head_on_async_runner); `loop_factor`: loop_layer_ms's."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
     loop_factor = _loop_factor(target, draft, ov, loop_factor)  # looked up once, not per K
     layer_ms = loop_layer_ms(target, draft, ov, tp, loop_factor)
     hidden = first_pass_hidden(overheads)
-    async_head = head_on_async_runner(target, draft, vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM)
+    async_head = head_on_async_runner(target, draft, rules or _fit_rules(ov))
     kvb = kv_dtype_bytes  # --kv-cache-dtype: vLLM stores the target's and the draft's KV in it
     base = plain_step_ms(target, gpu, batch=batch, context_len=context_len, tp=tp, overheads=ov, kv_dtype_bytes=kvb)
     draft_roof = forward_ms(draft, gpu, batch=batch, tokens_per_seq=1, context_len=context_len, tp=tp,
@@ -841,22 +848,23 @@ def graph_limit_note(target, draft, *, batches, k_values) -> str | None:
 
 
 def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
-                    context_len: int = 1024, calibration_dir=None, vllm_version: str | None = None,
+                    context_len: int = 1024, calibration_dir=None, rules: VllmRules | None = None,
                     kv_dtype_bytes: int = 2) -> StepCostModel:
-    """Step costs per batch: the layout's calibration tables of `vllm_version`'s modelled version (0.26 when None),
+    """Step costs per batch: the layout's calibration tables of `rules`' version (rules.tables_key; 0.26's when None),
     else the roofline prior with that version's fitted overheads. A version with no tables at all, or a drafting
     method its tables do not measure, gets 0.26's tables or overheads with the band widened."""
     t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
     ks = list(k_values)
-    tables = find_tables(t.name, d.name, g.name, tp, calibration_dir, vllm_version=vllm_version)
+    wanted = rules.tables_key if rules is not None else None
+    tables = find_tables(t.name, d.name, g.name, tp, calibration_dir, tables_key=wanted)
     # The 0.33 tables measure draft_model, whose V2 speculator runs eagerly; EAGLE-3/MTP heads there run the
     # CUDA-graphed target-dependent speculator and ngram/suffix no model at all, so those keep 0.26's overheads
     # and are treated as uncalibrated for the later version (band widened below).
     measured_method = d.method == "draft_model"
-    ov = fitted_overheads(calibration_dir, vllm_version=vllm_version if measured_method else None)
+    ov = fitted_overheads(calibration_dir, tables_key=wanted if measured_method else None)
     fit_version = ov.get("vllm_version", DEFAULT_TABLE_VLLM)
     own = tables_of_version(tables, fit_version)
-    if own or (vllm_version and fit_version == modelled_version(vllm_version)[0]):
+    if own or (wanted and fit_version == wanted):
         # The version the overheads are fitted for has tables: another version's table of this pair is not used
         # for it. On the H200 the 0.26 table of Llama-3.1-8B + 3.2-1B says 18 ms for a K=4 step at batch 1,
         # vLLM 0.33 took 47; the 0.33 prior, fitted without that pair, is within 25 % on average
@@ -864,7 +872,7 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         tables = own
     table = PooledSteps(tables) if tables else None
     # Which vLLM's runner rules a head drafter follows (head_on_async_runner): the one asked for, else the overheads'.
-    runner_version = vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM
+    runner_rules = rules or _fit_rules(ov)
     per_batch, notes = {}, []
     for b in batches:
         sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len,
@@ -872,7 +880,7 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         if sc is None:
             sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov,
                                  kv_dtype_bytes=kv_dtype_bytes,
-                                 vllm_version=runner_version)
+                                 rules=runner_rules)
         per_batch[b] = sc
     sources = {sc.source for sc in per_batch.values()}
     if table is None:
@@ -885,11 +893,11 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
             notes.append(f"no vLLM {ov['vllm_version']} table at TP>1: its per-layer draft host cost at TP={tp} is "
                          f"0.26's scaled by the two versions' TP=1 ratio ({ov[HOST_TERMS[1]]:.2f} ms), not measured")
     if table is None and d.is_eagle:  # EAGLE heads and MTP layers
-        note = HEAD_ASYNC_NOTE if head_on_async_runner(t, d, runner_version) else HEAD_PRIOR_NOTE
+        note = HEAD_ASYNC_NOTE if head_on_async_runner(t, d, runner_rules) else HEAD_PRIOR_NOTE
         notes.append(note.format(method=d.method))
     if t.is_moe or d.is_moe:
         notes.append(MOE_NOTE.format(us=1000 * ov.get("moe_token_layer_ms", MOE_TOKEN_LAYER_MS)))
-    untuned = untuned_moe_note(t, g, tp=tp, vllm_version=vllm_version)
+    untuned = untuned_moe_note(t, g, tp=tp, rules=rules)
     if untuned:
         notes.append(untuned)
     loop = draft_loop_factor(t, d, fit_version) if table is None else None
@@ -909,16 +917,15 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
                      + (f" VLLM_USE_V2_MODEL_RUNNER=0 selects the V1 runner (0.26's CUDA-graphed draft loop); draftfit "
                         f"has not measured that under vLLM {ov['vllm_version']}"
                         # 0.34 removed V1: the setting is a start-up error there (engine/rules.py env_errors).
-                        if VLLM_RULES[modelled_version(vllm_version or ov['vllm_version'])[0]].v1_runner_selectable
+                        if (rules or _fit_rules(ov)).v1_runner_selectable
                         else ""))
     # Which vLLM the step costs stand for: the tables read, or those the prior's overheads were fitted on.
     versions = sorted({x.modelled_vllm for x in tables} if tables else {ov.get("vllm_version", DEFAULT_TABLE_VLLM)})
     used = ", ".join(versions)
     widened = ""
-    if vllm_version:
-        wanted = modelled_version(vllm_version)[0]
+    if wanted:
         if wanted not in versions:
-            widened = vllm_version
+            widened = wanted
             f = UNCALIBRATED_VERSION_BAND_FACTOR
             per_batch = {b: replace(sc, uncertainty=sc.uncertainty * f,
                                     uncertainty_by_k={k: u * f for k, u in sc.uncertainty_by_k.items()})
@@ -987,7 +994,7 @@ _FITTED: dict = {}  # modelled vLLM -> the fit on the shipped tables
 _FITTED_BY_TABLES: dict = {}
 
 
-def fitted_overheads(calibration_dir=None, tables=None, vllm_version: str | None = None) -> dict:
+def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None = None) -> dict:
     """The prior's overhead constants refitted on calibration tables (all of them, or `tables`) of one modelled
     vLLM, by least squares on measured minus roofline step costs, relative to the measured step (the error that
     matters is relative):
@@ -1007,9 +1014,9 @@ def fitted_overheads(calibration_dir=None, tables=None, vllm_version: str | None
     vLLM 0.26's fit starts from the priors; a later version's starts from 0.26's fit, which stands in for a term
     none of its tables exercises, and the TP>1 per-layer host cost, when only TP=1 was measured there, is
     0.26's scaled by the ratio of the two versions' TP=1 costs (the same launches, on more ranks). A version
-    with no table of its own gets 0.26's fit (and step_cost_model widens the band). `vllm_version` None is
-    0.26."""
-    wanted = table_vllm(vllm_version)
+    with no table of its own gets 0.26's fit (and step_cost_model widens the band). `tables_key`
+    (VllmRules.tables_key) None is 0.26."""
+    wanted = tables_key_of(tables_key)
     default = calibration_dir is None and tables is None
     if default and wanted in _FITTED:
         return _FITTED[wanted]
@@ -1078,7 +1085,7 @@ def _fit_overheads(tables, prior: dict) -> dict:
     return dict(out)
 
 
-def _disk_key(calibration_dir, vllm_version: str = DEFAULT_TABLE_VLLM) -> str | None:
+def _disk_key(calibration_dir, tables_key: str = DEFAULT_TABLE_VLLM) -> str | None:
     """A fingerprint of everything the fit reads: the table files (name, size, mtime) and the code that turns
     them into points (this module, the table reader, the drain correction). Every fresh process (each `draftfit
     rank`) would otherwise refit ~150 points, about 0.1 s of its 0.5 s budget."""
@@ -1089,7 +1096,7 @@ def _disk_key(calibration_dir, vllm_version: str = DEFAULT_TABLE_VLLM) -> str | 
                 for f in (__file__, _tables_module.__file__, _drain_module.__file__) for st in [os.stat(f)]]
     except OSError:
         return None
-    return hashlib.sha256(json.dumps([str(folder.resolve()), files, code, vllm_version]).encode()).hexdigest()[:20]
+    return hashlib.sha256(json.dumps([str(folder.resolve()), files, code, tables_key]).encode()).hexdigest()[:20]
 
 
 def _fit_cache_path(key: str) -> Path:

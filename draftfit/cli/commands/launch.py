@@ -53,7 +53,7 @@ def _build(target, draft, k, tp, gpu, vllm_version, engine, max_model_len, util,
                           dtype=dtype or "auto", vllm_version=vllm_version, need_gpu=False, fit_context=False,
                           quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     ev = evaluate_pair(layout, draft)
-    cmd = command_for(ev, force=force, engine=engine, k=k, max_model_len=max_model_len, util=util, dtype=dtype,
+    cmd = command_for(ev, force=force, server=engine, k=k, max_model_len=max_model_len, util=util, dtype=dtype,
                       target_path=target_path, draft_path=draft_path,
                       enforce_eager=enforce_eager and engine == "vllm", launcher=launcher)
     dec = ev.decision

@@ -10,7 +10,7 @@ from draftfit.cli.render import console, emit_json, table
 from draftfit.layout import (DTYPES, MAX_BATCH, check_context, check_float, check_int, check_k, check_name,
                              check_choice, check_tp, check_util, check_vllm_version)
 from draftfit.memory.plan import plan_memory, plan_memory_cpu
-from draftfit.engine.versions import resolve_vllm_version
+from draftfit.engine import resolve_target
 
 MAX_BATCHED_TOKENS = 2**24  # far above any chunked-prefill budget vLLM is run with
 MAX_CPU_KVCACHE_GIB = 4096.0
@@ -55,7 +55,8 @@ def memory(target, draft, gpus, tp, util, max_model_len, dtype, kv_cache_dtype, 
         check_int(max_num_batched_tokens, "--max-num-batched-tokens", 1, MAX_BATCHED_TOKENS,
                   fix="e.g. --max-num-batched-tokens 8192")
     check_k(num_speculative_tokens, "--num-speculative-tokens")
-    used, modelled, version_note = resolve_vllm_version(check_vllm_version(vllm_version))
+    engine = resolve_target(check_vllm_version(vllm_version))
+    version_note = engine.note
     check_float(kvcache_space, "--kvcache-space", 0, MAX_CPU_KVCACHE_GIB, lo_open=True,
                 fix="pass --kvcache-space in GiB, e.g. 4")
     for g in gpus:
@@ -82,7 +83,7 @@ def memory(target, draft, gpus, tp, util, max_model_len, dtype, kv_cache_dtype, 
                                  kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens,
                                  num_speculative_tokens=num_speculative_tokens if d else 0, entrypoint=entrypoint,
-                                 strict=len(gpus) == 1, vllm_version=modelled))
+                                 strict=len(gpus) == 1, rules=engine.rules))
         if version_note and version_note not in plans[-1].notes:
             plans[-1].notes.insert(0, version_note)
     if as_json:

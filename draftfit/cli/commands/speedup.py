@@ -19,7 +19,7 @@ from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.layout import (KV_CACHE_DTYPES, check_batches, check_choice, check_float, check_int, check_k, check_quantization,
                              check_k_list, check_temperature, check_tp, check_vllm_version, parse_float_list,
                              parse_int_list)
-from draftfit.engine.versions import resolve_vllm_version
+from draftfit.engine import resolve_target
 
 CLOSED_FORM_K_MAX = 16
 from draftfit.pipeline import acceptance_for, measure_it, resolve_drafter, vllm_verdict
@@ -141,8 +141,8 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         ks = check_k_list(k_text, "--k", "1,2,4") if k_text is not None else list(range(1, 9))
         check_int(context_len, "--context-len", 1, t_spec.max_position_embeddings or 10**7,
                   fix=f"pass --context-len up to {t_spec.name}'s {t_spec.max_position_embeddings or 10**7} positions")
-        used, modelled, version_note = resolve_vllm_version(version_given)
-        runs, why, fix = vllm_verdict(t_spec, d_spec, tp, used)
+        engine = resolve_target(version_given)
+        runs, why, fix = vllm_verdict(t_spec, d_spec, tp, engine)
         if not runs:
             raise DraftfitError(f"{d_spec.name} cannot draft for {t_spec.name}: {why}", fix=fix, exit_code=1)
         if acceptance is None:
@@ -156,15 +156,15 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
                           + f", T={temperature:g}, band {est.low:.2f}-{est.high:.2f}; {est.citation}")
         correction = load_default() if learned_correction else None
         pred = predict_speedup(t_spec, d_spec, gpu, tp=tp, acceptance=acceptance, batches=batches,
-                               k_values=ks, context_len=context_len, correction=correction, vllm_version=modelled,
+                               k_values=ks, context_len=context_len, correction=correction, rules=engine.rules,
                                kv_dtype_bytes=1 if kv_cache_dtype.startswith("fp8") else 2)
         if learned_correction and correction is None:
             pred.notes.append("learned correction not applied: none is trained for this scikit-learn, or its "
                               "leave-one-configuration-out error does not beat the roofline's "
                               "(draftfit/data/models/speedup_model.json, cv); retrain with `draftfit fit`")
         pred.acceptance_source = acc_source
-        pred.vllm_version = used
-        pred.notes.insert(0, version_note)
+        pred.vllm_version = engine.version
+        pred.notes.insert(0, engine.note)
         if plot_path:
             plot_prediction(pred, plot_path)
         if as_json:

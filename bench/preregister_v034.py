@@ -101,6 +101,7 @@ def _drafter(spec: dict):
 def predict_steps() -> list[dict]:
     """One prediction per (target, drafter) of S034, over the K it measures and the batch sizes."""
     from draftfit.catalog.specs import resolve_gpu
+    from draftfit.engine import resolve_target
     from draftfit.speedup.predict import predict_speedup
 
     groups: dict = {}
@@ -114,7 +115,7 @@ def predict_steps() -> list[dict]:
         batches = tuple(g["spec"]["batches"])
         pred = predict_speedup(target, draft, resolve_gpu(GPU), tp=1, acceptance=g["spec"]["acceptance"],
                                batches=batches, k_values=sorted(g["ks"]), context_len=CONTEXT_LEN,
-                               vllm_version=VLLM)
+                               rules=resolve_target(VLLM).rules)
         out.append({"target": target_name, "draft": draft_name, "method": method, "ks": sorted(g["ks"]),
                     "alpha": g["spec"]["acceptance"], "source": pred.source,
                     "batches": {str(b): {"base_step_ms": round(bp.base_step_ms, 4), "best_k": bp.best_k,
@@ -146,7 +147,7 @@ def write() -> int:
                    "own (peak, non-torch, graph pool, sizing-step peak up to 1.5x the profiled one). Do not "
                    "regenerate.",
            "measured_by": "python3 bench/gpu_campaign.py --phase M034 then --phase S034 (resume with --skip)",
-           "model": "draftfit/memory/plan.py kv_budget, GPU_VERSION_RULES['0.34'] (kv_sizing measured: "
+           "model": "draftfit/memory/plan.py kv_budget, engine/rules.py VLLM_RULES['0.34'] (kv_sizing measured: "
                     "v1/worker/extensible_kv_cache.py measure_kv_cache_bytes; block 64; util None -> 1.0; "
                     "drafter CUDA graphs projected with the V2 per-graph constant)",
            **_stamp(), "predictions": [predict_memory(s) for s in engines()]}

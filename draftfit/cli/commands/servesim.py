@@ -66,6 +66,8 @@ def serve_sim(target, drafts, gpu, tp, util, max_model_len, max_num_seqs, vllm_v
       draftfit serve-sim -t Llama-3.1-70B --draft Llama-3.2-1B --tp 2 --concurrency 64 --request-log log.csv
     """
     target = check_name(target, "--target", fix="pass --target a catalog name, hub id or model folder")
+    if gpu is not None:
+        gpu = check_name(gpu, "--gpu", fix="pass --gpu a catalog GPU, e.g. H200 (see `draftfit catalog list --gpus`)")
     names = [d.strip() for d in str(drafts).split(",")]
     if not names or any(not n for n in names):
         raise DraftfitError(f"--draft {drafts!r} names no drafter", fix="e.g. --draft Llama-3.2-1B or --draft ngram")

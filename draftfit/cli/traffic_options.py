@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import click
 
+from draftfit.cli.render import table
+from draftfit.errors import DraftfitError
+from draftfit.layout import check_float
+from draftfit.pipeline import INCOMPATIBLE, NO_FIT, evaluate_pair, served_spec
+from draftfit.serving import serving_load
 from draftfit.serving.traffic import Traffic, build_traffic
 
 DEFAULT_NUM_REQUESTS = 300
@@ -45,8 +50,6 @@ TRAFFIC_PARAMS = ("request_rate", "concurrency", "prompt_len", "output_len", "re
 
 
 def check_slo(value, option: str) -> float | None:
-    from draftfit.layout import check_float
-
     if value is None:
         return None
     return check_float(value, option, 0, 3.6e6, lo_open=True, fix=f"pass {option} in milliseconds, e.g. 50")
@@ -64,8 +67,6 @@ def traffic_from(kw: dict, *, required: bool = True) -> Traffic | None:
                 if src is not None and src != click.core.ParameterSource.DEFAULT:
                     given.append("--" + p.replace("traffic_", "").replace("_", "-"))
         if given:
-            from draftfit.errors import DraftfitError
-
             raise DraftfitError(f"{', '.join(given)} describe traffic, which needs a load",
                                 fix="add --request-rate R (requests/s) or --concurrency N, or drop them")
         return None
@@ -85,8 +86,6 @@ def _b(band, digits=1) -> str:
 
 def render_load(res, con, *, explain: bool = False) -> None:
     """The serving-load tables: one per drafter, a row per rate, no speculation beside the best configuration."""
-    from draftfit.cli.render import table
-
     slo = res.slo_tpot_ms is not None or res.slo_ttft_ms is not None
     for d in res.drafters:
         rows = []
@@ -183,9 +182,6 @@ def plot_load(res, path: str) -> str:
 def load_for(layout, drafts: list, traffic: Traffic, kw: dict):
     """serving_load for drafter names (or specs) on a built layout: each through pipeline.evaluate_pair first,
     those vLLM refuses, that do not fit or have no acceptance left out (their reason is in the fixed-batch view)."""
-    from draftfit.pipeline import INCOMPATIBLE, NO_FIT, evaluate_pair, served_spec
-    from draftfit.serving import serving_load
-
     pieces = []
     for d in drafts:
         ev = evaluate_pair(layout, d)

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftfit.acceptance.measure.user_prompts import load_prompts_file
 from draftfit.errors import DraftfitError
 
 MAX_LEN_TOKENS = 10_000_000  # no model draftfit knows has more positions
@@ -280,8 +281,6 @@ def read_request_log(path) -> tuple[LengthDist, LengthDist]:
 
 def prompt_lengths_from_file(path) -> LengthDist:
     """The user's prompts file (acceptance.measure.user_prompts format): lengths estimated from characters."""
-    from draftfit.acceptance.measure.user_prompts import load_prompts_file
-
     up = load_prompts_file(path)
     lens = []
     for r in up.requests:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.cli import cli
 from draftfit.errors import DraftfitError
-from draftfit.serving.load import _pays, per_batch_schedule
+from draftfit.serving.load import AUTO_RATE_SHARES, _pays, auto_rates, per_batch_schedule
 from draftfit.serving.sim import EngineLimits, SpecConfig, simulate
 from draftfit.serving.steps import StepSurface, build_surface
 from draftfit.serving.traffic import build_traffic, parse_length, sample_requests
@@ -221,3 +221,9 @@ def test_plot_is_written(tmp_path):
                "--num-requests", "40", "--k", "3", "--plot", str(out))
     assert res.exit_code == 0, res.output
     assert out.stat().st_size > 1000
+
+
+def test_auto_rates_are_shares_of_the_modelled_saturation():
+    tr = build_traffic(request_rate="auto", num_requests=10)
+    assert tr.auto and tr.rates == () and tr.concurrency is None
+    assert auto_rates(20.0) == sorted({float(f"{s * 20:.2g}") for s in AUTO_RATE_SHARES})

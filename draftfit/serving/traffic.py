@@ -300,8 +300,8 @@ def build_traffic(*, request_rate=None, concurrency=None, prompt_len="512", outp
     rates: tuple[float, ...] = ()
     conc = None
     auto = request_rate is not None and str(request_rate).strip().lower() == "auto"
-    if request_rate is not None and not auto:
-        rates = parse_rates(request_rate)
+    if request_rate is not None:
+        rates = () if auto else parse_rates(request_rate)
     else:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
             raise DraftfitError(f"--concurrency {concurrency!r} is outside 1..{MAX_CONCURRENCY}",

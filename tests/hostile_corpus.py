@@ -395,6 +395,14 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("serve-sim", rr, "--plot", ["{tmp}/path-nonexistent/p.png", "{tmp}/store-dir", ""],
              files=("path-nonexistent", "store-dir"))
     b.add("serve-sim-incompatible-draft", [*rr[:4], "Qwen3-0.6B", *rr[5:]], expect_exit=None)
+    b.option("serve-sim", rr, "--max-model-len", ["0", "-1", "x", ABSURD_LEN])
+    b.option("serve-sim", rr, "--max-num-seqs", ["0", "-1", "x", "1000000000000"])
+    b.option("serve-sim", rr, "--workload", ["poetry", *NEAR_WORKLOADS[:2]])
+    b.option("serve-sim", rr, "--temperature", ["-1", "nan", "3", "x"])
+    b.option("serve-sim", rr, "--quantization", ["magic"])
+    b.option("serve-sim", rr, "--kv-cache-dtype", ["fp4"])
+    b.option("serve-sim", rr, "--explain", ["yes"])  # a flag given a value
+    b.add("serve-sim-json-bad-rate", [*ss, "--request-rate", "x", "--json"], json=True)
     for cmd_id, base in (("rank-traffic", rank), ("preflight-traffic", pf)):
         b.option(cmd_id, base, "--request-rate", ["0", "x", "nan", ""])
         b.option(cmd_id, [*base, "--request-rate", "1"], "--prompt-len", ["0", "300..100", "lognormal:600"])
@@ -403,6 +411,11 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
         b.option(cmd_id, base, "--num-requests", ["0", "-1"])
         b.option(cmd_id, [*base, "--request-rate", "1"], "--request-log", ["{tmp}/log-negative"],
                  files=("log-negative",))
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--output-len", ["0", "x"])
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--prompts-file", ["{tmp}/path-nonexistent"],
+                 files=("path-nonexistent",))
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--seed", ["-1", "x"])
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--slo-ttft-ms", ["0", "nan"])
 
     # ------------------------------------------------------------------ monitor (a garbage /metrics server)
     mk = dict(server=True, expect_exit=None, timeout=15.0)

@@ -356,6 +356,67 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.add("preflight-target-NoSuchModel", ["preflight", "NoSuchModel", M_D])
     b.add("preflight-draft-NoSuchModel", ["preflight", M_T, "NoSuchModel"])
 
+    # ------------------------------------------------------------------ serve-sim and the traffic options
+    # (rank and preflight take the same options: a sample of each there, every one here)
+    ss = ["serve-sim", "--target", M_T, "--draft", M_D, "--gpu", "H200", "--num-requests", "20"]
+    rr = [*ss, "--request-rate", "1"]
+    b.option("serve-sim", ss, "--request-rate", ["", ",", "0", "-1", "nan", "inf", "x", "1,,2", "1e9", "1,x"])
+    b.option("serve-sim", ss, "--concurrency", _pick(I, skip={"huge"}, extra=["1000001"]))
+    b.add("serve-sim-rate-and-concurrency", [*rr, "--concurrency", "4"])
+    b.add("serve-sim-no-load", list(ss))
+    lens = ["", "0", "-5", "x", "1.5", "nan", "inf", "300..100", "1..x", "lognormal:", "lognormal:0,1",
+            "lognormal:600", "lognormal:600,-1", "lognormal:nan,1", "1e12", "20000000"]
+    b.option("serve-sim", rr, "--prompt-len", lens)
+    b.option("serve-sim", rr, "--output-len", lens)
+    b.option("serve-sim", ss[:-2] + ["--request-rate", "1"], "--num-requests",
+             _pick(I, skip={"empty"}, extra=["200001"]))
+    b.option("serve-sim", rr, "--seed", ["-1", "x", "1.5", "99999999999999999999"])
+    b.option("serve-sim", rr, "--slo-tpot-ms", _pick(F, skip={"huge"}))
+    b.option("serve-sim", rr, "--slo-ttft-ms", _pick(F, skip={"huge"}))
+    b.option("serve-sim", rr, "--request-log", ["{tmp}/log-no-columns", "{tmp}/log-negative", "{tmp}/log-words",
+                                              "{tmp}/log-empty", "{tmp}/log-float", "{tmp}/log-jsonl-bad",
+                                              "{tmp}/log-jsonl-list", "{tmp}/log-binary", "{tmp}/path-nonexistent",
+                                              "{tmp}/store-dir"],
+             files=("log-no-columns", "log-negative", "log-words", "log-empty", "log-float", "log-jsonl-bad",
+                    "log-jsonl-list", "log-binary", "path-nonexistent", "store-dir"))
+    b.option("serve-sim", rr, "--prompts-file", ["{tmp}/prompts-deep-nesting", "{tmp}/log-words",
+                                               "{tmp}/path-nonexistent"],
+             files=("prompts-deep-nesting", "log-words", "path-nonexistent"))
+    b.add("serve-sim-log-and-prompts", [*rr, "--request-log", "{tmp}/log-words", "--prompts-file",
+                                        "{tmp}/log-words"], files=("log-words",))
+    b.option("serve-sim", rr, "--draft", ["", ",", "NoSuchModel", "a,b,c,d,e,f,g,h,i"])
+    b.option("serve-sim", [rr[0], *rr[3:]], "--target", ["NoSuchModel", ""])
+    b.option("serve-sim", rr, "--alpha", ["0", "1", "1.5", "-0.1", "nan", "x"])
+    b.option("serve-sim", rr, "--k", ["0", "-1", "9", "x"])
+    b.option("serve-sim", rr, "--tp", ["0", "3", "x"])
+    b.option("serve-sim", rr, "--gpu", ["NoSuchGPU", ""])
+    b.option("serve-sim", rr, "--util", ["1.5", "0", "nan"])
+    b.option("serve-sim", rr, "--vllm-version", ["banana", "0.6.0"])
+    b.option("serve-sim", rr, "--plot", ["{tmp}/path-nonexistent/p.png", "{tmp}/store-dir", ""],
+             files=("path-nonexistent", "store-dir"))
+    b.add("serve-sim-incompatible-draft", [*rr[:4], "Qwen3-0.6B", *rr[5:]], expect_exit=None)
+    b.option("serve-sim", rr, "--max-model-len", ["0", "-1", "x", ABSURD_LEN])
+    b.option("serve-sim", rr, "--max-num-seqs", ["0", "-1", "x", "1000000000000"])
+    b.option("serve-sim", rr, "--workload", ["poetry", *NEAR_WORKLOADS[:2]])
+    b.option("serve-sim", rr, "--temperature", ["-1", "nan", "3", "x"])
+    b.option("serve-sim", rr, "--quantization", ["magic"])
+    b.option("serve-sim", rr, "--kv-cache-dtype", ["fp4"])
+    b.option("serve-sim", rr, "--explain", ["yes"])  # a flag given a value
+    b.add("serve-sim-json-bad-rate", [*ss, "--request-rate", "x", "--json"], json=True)
+    for cmd_id, base in (("rank-traffic", rank), ("preflight-traffic", pf)):
+        b.option(cmd_id, base, "--request-rate", ["0", "x", "nan", ""])
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--prompt-len", ["0", "300..100", "lognormal:600"])
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--concurrency", ["4"])
+        b.option(cmd_id, base, "--slo-tpot-ms", ["20"])  # an SLO with no load is refused, not ignored
+        b.option(cmd_id, base, "--num-requests", ["0", "-1"])
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--request-log", ["{tmp}/log-negative"],
+                 files=("log-negative",))
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--output-len", ["0", "x"])
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--prompts-file", ["{tmp}/path-nonexistent"],
+                 files=("path-nonexistent",))
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--seed", ["-1", "x"])
+        b.option(cmd_id, [*base, "--request-rate", "1"], "--slo-ttft-ms", ["0", "nan"])
+
     # ------------------------------------------------------------------ monitor (a garbage /metrics server)
     mk = dict(server=True, expect_exit=None, timeout=15.0)
     for path in MetricsServer.ROUTES:
@@ -823,6 +884,13 @@ def build_file(name: str, root: Path, project_root: Path | None = None) -> Path:
         path.symlink_to(root / "no-such-folder")
     elif name == "path-empty-dir":
         path.mkdir()
+    elif name.startswith("log-"):  # request logs for --request-log
+        path.write_bytes({
+            "log-no-columns": b"a,b\n1,2\n", "log-negative": b"prompt_len,output_len\n100,-5\n",
+            "log-words": b"prompt_len,output_len\nlong,short\n", "log-empty": b"prompt_len,output_len\n",
+            "log-float": b"prompt_len,output_len\n100.5,20\n", "log-jsonl-bad": b'{"prompt_len": 1\n',
+            "log-jsonl-list": b'{"prompt_len": [1], "output_len": 2}\n', "log-binary": garbage_bytes(),
+        }[name])
     elif name == "prompts-deep-nesting":  # json's parser recurses per bracket: RecursionError, not a crash
         path.write_text('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     elif name == "slowtok-only":  # GPT-2's slow format: vocab.json + merges.txt, no tokenizer.json, no config.json

@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve-cmd": ("draftfit.cli.commands.launch:serve_cmd", "Print the vllm serve (or SGLang) command."),
     "launch-script": ("draftfit.cli.commands.launch:launch_script", "Write a launch script with checks and readout."),
     "preflight": ("draftfit.cli.commands.preflight:preflight", "All checks for one layout; exit 0/1/2 for CI."),
+    "serve-sim": ("draftfit.cli.commands.servesim:serve_sim",
+                  "The server at your request rate, with and without speculation."),
     "monitor": ("draftfit.cli.commands.monitor:monitor", "Read a live server's /metrics and advise K."),
     "catalog": ("draftfit.cli.commands.catalog:catalog", "List or show catalog models and GPUs."),
     "fixtures": ("draftfit.cli.commands.fixtures:fixtures", "Fetch the real tokenizers and models (cached)."),

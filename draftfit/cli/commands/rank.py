@@ -13,6 +13,9 @@ from draftfit.cli.render import console, emit_json, table
 from draftfit.cli.render import fmt_num, fmt_tokens
 from draftfit.layout import check_int, check_name, parse_int_list
 from draftfit.rank import rank as run_rank
+from draftfit.cli.traffic_options import load_for, render_load, traffic_from, traffic_options
+
+RANK_AT_TRAFFIC = 3  # candidates simulated at the user's traffic (the best by the fixed-batch view)
 
 
 @click.command(name="rank")
@@ -35,9 +38,10 @@ from draftfit.rank import rank as run_rank
               help="vLLM's max_num_seqs (default: vLLM's; draftfit lowers it only when nothing fits otherwise).")
 @click.option("--all", "show_all", is_flag=True,
               help="List every draft, incompatible and not fitting ones too (default: compatible ones and a count).")
+@traffic_options
 @json_option
 def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util, candidates, explain, vllm_version,
-         quantization, kv_cache_dtype, max_num_seqs, show_all, as_json):
+         quantization, kv_cache_dtype, max_num_seqs, show_all, as_json, **traffic_kw):
     """Rank catalog drafts for TARGET: tokenizer, memory, acceptance, best K, speedup, serve command."""
 
     target = check_name(target, "--target", fix="pass --target a catalog name, hub id or model folder")
@@ -51,6 +55,7 @@ def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util
     if candidates.strip() and not extra:
         raise DraftfitError(f"--candidates {candidates!r} names no model",
                             fix="pass --candidates as comma-separated folders or hub ids, e.g. --candidates ./my-draft")
+    traffic = traffic_from(traffic_kw, required=False)  # --request-rate etc.: answer at the user's traffic too
     result = run_rank(target, gpu_name=gpu, tp=tp, workload=workload, temperature=temperature,
                       batches=parse_int_list(batch, "--batch"), util=util, max_model_len=max_model_len,
                       extra_candidates=extra, top=None if explain else top, vllm_version=vllm_version,
@@ -58,11 +63,24 @@ def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util
     if explain:
         _explain(result, explain, as_json)
         return
+    load = None
+    if traffic is not None:
+        best = [c.draft for c in result.candidates if c.group == 0 and c.acceptance is not None][:RANK_AT_TRAFFIC]
+        load = load_for(result.layout, best, traffic, traffic_kw)
     if as_json:
 
-        emit_json(result.to_json())
+        emit_json({**result.to_json(), **({"serving_load": load.to_dict() if load else None} if traffic else {})})
         return
     _print_table(result, show_all)
+    if traffic is not None:
+        con = console()
+        con.print()
+        con.print(f"At your traffic ({traffic.describe()}), the {RANK_AT_TRAFFIC} best by the fixed-batch view:",
+                  style="bold", highlight=False, markup=False)
+        if load is None:
+            con.print("no candidate can be served at this traffic (see the rows above)", highlight=False, markup=False)
+        else:
+            render_load(load, con)
 
 
 def _short(text: str, n: int = 48) -> str:

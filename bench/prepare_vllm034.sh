@@ -5,7 +5,9 @@
 #   DEST/c1..cN    the xz stream of torch 2.14.0 + triton 3.8.0 + vLLM 0.34.0 + 23 small wheels, repacked by
 #                  bench/vllm033/repack.py (shared: same torch/triton, same drops and sm_90 pruning) and split into
 #                  parts of 50,000,000 bytes; the last chunk also holds all.sha256
-#   DEST/tools     setup034.sh, check034.py, patch_vllm034.py, sitecustomize.py, libnccl_shim.so, extra_whl/,
+#   DEST/tools     setup034.sh, check034.py, patch_vllm034.py, sitecustomize.py, libnccl_shim.so, extra_whl/ (group
+#                  'extra' of wheels.txt, pip-installed --no-deps into /root/site2 by setup034.sh: compressed-tensors,
+#                  loguru, and the `vllm serve`/`vllm bench serve` ones, ~1.2 MB),
 #                  resume.sh, parse_commands.py, patched copies of the campaign worker + driver, model configs
 # usage, from the root of the repo whose campaign tools should travel (the integrator's tree):
 #   echo /.gpu034/ >> .git/info/exclude; bench/prepare_vllm034.sh [DEST]          (~12 min, xz on 2 cores)

@@ -18,13 +18,12 @@ would take over a minute to arrive, fewer are sent (at least 120, a minute of ar
 usage (on the GPU machine, repo root, after /root/env034.sh; bench/.servebench carried):
     python3 bench/serve_engine_gpu.py CONFIG MODE [BUDGET_S]      CONFIG: llama | qwen-moe   MODE: none | spec
 Resumable like serve_bench_gpu.sh: rates done stay in /root/serve_res/<GPU>/<CONFIG>/<MODE>/ while the machine is
-held; every call copies them all to $OUT/serve_bench/. Stdlib + vLLM only (imports nothing from draftfit)."""
+held; every call packs them all into $OUT/serve_bench.tgz. Stdlib + vLLM only (imports nothing from draftfit)."""
 import json
 import math
 import os
 import random
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -197,9 +196,10 @@ def main():
     out = os.environ.get("OUT", "/tmp/out")
 
     def copy_back():
-        dst = os.path.join(out, "serve_bench")
-        os.makedirs(dst, exist_ok=True)
-        shutil.copytree(res_root, dst, dirs_exist_ok=True)
+        # one archive: the device returns no folder deeper than a few levels (serve_bench/<GPU>/<config>/<mode>
+        # came back empty on 2026-12-05); bench/serve_bench.py --score reads the archive or the unpacked folders
+        os.makedirs(out, exist_ok=True)
+        subprocess.run(["tar", "czf", os.path.join(out, "serve_bench.tgz"), "-C", res_root, "."], check=False)
 
     todo = [r for r in plan["rates"] if not os.path.exists(f"{res_dir}/rate_{r:g}.json")]
     log(f"{gpu} ({full}) {config} {mode}: to do {todo or 'nothing'}")

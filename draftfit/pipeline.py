@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from draftfit.acceptance.prior import AcceptanceEstimate, measured_acceptance, prior_acceptance
 from draftfit.acceptance.method_prior import method_acceptance
+from draftfit.catalog.shapes import as_served
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, method_drafter, resolve_model
 from draftfit.compat.tokenizers import CompatReport
 from draftfit.compat.vllm_accepts import (  # noqa: F401  (vllm_verdict, rules_vllm_version: re-exported)
@@ -87,8 +88,7 @@ def resolve_drafter(target: ModelSpec, draft: str | ModelSpec) -> ModelSpec:
 
 def served_spec(layout: Layout) -> ModelSpec:
     """The target as it will run: with the layout's weight format, which the roofline's weight traffic reads."""
-    quant = "" if layout.quantization in ("none", "auto") else layout.quantization
-    return layout.target if quant == layout.target.quantization else replace(layout.target, quantization=quant)
+    return as_served(layout.target, layout.quantization)
 
 
 def measure_it(target: ModelSpec, draft: ModelSpec) -> str:

@@ -120,3 +120,18 @@ def test_shapes_imports_nothing_above_the_catalog():
     tree = ast.parse(inspect.getsource(shapes))
     mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert mods <= {"__future__", "draftfit.errors"}, mods
+
+
+def test_rank_prices_the_kv_dtype_the_memory_plan_sizes():
+    """--kv-cache-dtype fp8 reaches the speedup model through the pipeline (rank, preflight), not only `speedup`: the
+    roofline's plain step reads half the KV bytes, as the memory plan stores them."""
+    from draftfit.layout import build_layout
+    from draftfit.pipeline import evaluate_pair
+    steps = {}
+    for kv in ("auto", "fp8"):
+        layout = build_layout("Llama-3.1-8B", gpu="H100-80GB", max_model_len=8192, batches=(64,), kv_cache_dtype=kv)
+        ev = evaluate_pair(layout, "ngram")
+        steps[kv] = ev.speedup.batches[64].base_step_ms
+        assert ev.memory.target_kv_bytes_per_token == kv_bytes_per_token_per_rank(
+            layout.target, 1, shapes.kv_dtype_bytes(kv, 2))
+    assert steps["fp8"] < steps["auto"] * 0.95

@@ -158,3 +158,23 @@ def test_fp8_kv_cache_reaches_the_speedup_model():
         assert out.returncode == 0, out.stderr
         steps.append(json.loads(out.stdout)["batches"]["64"]["base_step_ms"])
     assert steps[1] < steps[0] * 0.9
+
+
+def test_predictors_behind_one_interface():
+    """select_predictor is the one place a predictor is chosen: the pair's table where one exists (CalibratedPredictor),
+    the roofline otherwise or when asked; both answer predict() with a StepCost; an unknown name is an error."""
+    from draftfit.speedup.stepcost import (PREDICTORS, CalibratedPredictor, RooflinePredictor, StepCost, gpu_spec,
+                                           model_spec, select_predictor, step_cost_model)
+    t, d, g = model_spec("Llama-3.1-8B"), model_spec("Llama-3.2-1B"), gpu_spec("H200")
+    cal = select_predictor(t, d, g, tp=1, vllm_version="0.26.0")
+    roof = select_predictor(t, d, g, tp=1, vllm_version="0.26.0", predictor="roofline")
+    assert isinstance(cal.predictor, CalibratedPredictor) and isinstance(roof.predictor, RooflinePredictor)
+    assert set(PREDICTORS) == {"roofline", "calibrated"}
+    for choice in (cal, roof):
+        sc = choice.predictor.predict(t, d, g, batch=8, k_values=[2], tp=1, context_len=512)
+        assert isinstance(sc, StepCost) and sc.spec_step_ms[2] >= sc.base_step_ms
+    assert step_cost_model(t, d, g, batches=[8], k_values=[2], vllm_version="0.26.0").source.startswith("calibrated")
+    assert step_cost_model(t, d, g, batches=[8], k_values=[2], vllm_version="0.26.0",
+                           predictor="roofline").source == "roofline prior"
+    with pytest.raises(DraftfitError, match="unknown step-cost predictor"):
+        select_predictor(t, d, g, tp=1, predictor="vidur")

@@ -31,6 +31,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from draftfit.errors import DraftfitError
 from draftfit.calibration import drain as _drain_module, tables as _tables_module
@@ -765,14 +766,75 @@ def graph_limit_note(target, draft, *, batches, k_values) -> str | None:
             f"measured on an H200 host with vLLM 0.26: docs/benchmarks.md eager-launch)")
 
 
-def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
-                    context_len: int = 1024, calibration_dir=None, vllm_version: str | None = None,
-                    kv_dtype_bytes: int = 2) -> StepCostModel:
-    """Step costs per batch: the layout's calibration tables of `vllm_version`'s modelled version (0.26 when None),
-    else the roofline prior with that version's fitted overheads. A version with no tables at all, or a drafting
-    method its tables do not measure, gets 0.26's tables or overheads with the band widened."""
-    t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
-    ks = list(k_values)
+class Predictor(Protocol):
+    """What prices a step (issue 37; vidur's execution_time_predictor registry is the model): step costs at one batch
+    size for K drafts, as a StepCost whose source says which predictor made them. select_predictor is the one place
+    that picks one for a layout; step_cost_model (and through it predict_speedup, rank, the pipeline, `speedup`) only
+    calls predict()."""
+
+    name: str
+
+    def predict(self, target, draft, gpu, *, batch: int, k_values, tp: int, context_len: int) -> StepCost:
+        ...
+
+
+@dataclass(frozen=True)
+class RooflinePredictor:
+    """The roofline prior (prior_step_cost): weights and KV over bandwidth, FLOPs over throughput, vLLM's host terms
+    with `overheads` fitted on a version's tables; `vllm_version` sets the runner rules of head drafters."""
+
+    overheads: dict
+    vllm_version: str | None = None
+    kv_dtype_bytes: int = 2
+    name: str = "roofline"
+
+    def predict(self, target, draft, gpu, *, batch: int, k_values, tp: int, context_len: int) -> StepCost:
+        return prior_step_cost(target, draft, gpu, batch=batch, k_values=k_values, tp=tp, context_len=context_len,
+                               overheads=self.overheads, kv_dtype_bytes=self.kv_dtype_bytes,
+                               vllm_version=self.vllm_version)
+
+
+@dataclass(frozen=True)
+class CalibratedPredictor:
+    """A pair's measured step costs (calibration.tables: calibrated_step_cost's line over K, interpolation in batch,
+    the roofline's shape past the measured batches); where the table cannot answer, `fallback`."""
+
+    table: object  # PooledSteps
+    overheads: dict
+    fallback: RooflinePredictor
+    name: str = "calibrated"
+
+    def predict(self, target, draft, gpu, *, batch: int, k_values, tp: int, context_len: int) -> StepCost:
+        sc = calibrated_step_cost(self.table, target, draft, gpu, batch=batch, k_values=k_values, tp=tp,
+                                  context_len=context_len, overheads=self.overheads)
+        if sc is None:
+            sc = self.fallback.predict(target, draft, gpu, batch=batch, k_values=k_values, tp=tp,
+                                       context_len=context_len)
+        return sc
+
+
+PREDICTORS = {"roofline": RooflinePredictor, "calibrated": CalibratedPredictor}  # the registry, by name
+
+
+@dataclass(frozen=True)
+class PredictorChoice:
+    """select_predictor's answer: the predictor and what it was chosen from (step_cost_model's notes read them)."""
+
+    predictor: Predictor
+    tables: list  # the calibration tables of the fitted version read (empty: none)
+    overheads: dict  # fitted_overheads for the version and method
+    measured_method: bool  # the drafter's method is the one the tables measure (draft_model)
+
+
+def select_predictor(t, d, g, *, tp: int, calibration_dir=None, vllm_version: str | None = None,
+                     kv_dtype_bytes: int = 2, predictor: str | None = None) -> PredictorChoice:
+    """The one place a layout's predictor is chosen: the pair's calibration tables of `vllm_version`'s modelled
+    version (0.26 when None) if there are any (CalibratedPredictor), else the roofline prior with that version's
+    fitted overheads. A version with no tables at all, or a drafting method its tables do not measure, gets 0.26's
+    tables or overheads (step_cost_model widens the band). `predictor` 'roofline' skips the tables (scoring the prior
+    where a table exists: bench/speedup.py); None or 'calibrated' uses them where they exist."""
+    if predictor not in (None, *PREDICTORS):
+        raise DraftfitError(f"unknown step-cost predictor {predictor!r}", fix="use " + " or ".join(PREDICTORS))
     tables = find_tables(t.name, d.name, g.name, tp, calibration_dir, vllm_version=vllm_version)
     # The 0.33 tables measure draft_model, whose V2 speculator runs eagerly; EAGLE-3/MTP heads there run the
     # CUDA-graphed target-dependent speculator and ngram/suffix no model at all, so those keep 0.26's overheads
@@ -787,18 +849,31 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         # vLLM 0.33 took 47; the 0.33 prior, fitted without that pair, is within 25 % on average
         # (bench/speedup.py). Otherwise another version's table stands in and the band is widened below.
         tables = own
-    table = PooledSteps(tables) if tables else None
+    if predictor == "roofline":
+        tables = []
     # Which vLLM's runner rules a head drafter follows (head_on_async_runner): the one asked for, else the overheads'.
     runner_version = vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM
+    roofline = RooflinePredictor(overheads=ov, vllm_version=runner_version, kv_dtype_bytes=kv_dtype_bytes)
+    chosen = CalibratedPredictor(PooledSteps(tables), ov, roofline) if tables else roofline
+    return PredictorChoice(predictor=chosen, tables=tables, overheads=ov, measured_method=measured_method)
+
+
+def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
+                    context_len: int = 1024, calibration_dir=None, vllm_version: str | None = None,
+                    kv_dtype_bytes: int = 2, predictor: str | None = None) -> StepCostModel:
+    """Step costs per batch from the layout's predictor (select_predictor: the calibration tables of `vllm_version`'s
+    modelled version, else the roofline prior), with the notes that say what they rest on."""
+    t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
+    ks = list(k_values)
+    choice = select_predictor(t, d, g, tp=tp, calibration_dir=calibration_dir, vllm_version=vllm_version,
+                              kv_dtype_bytes=kv_dtype_bytes, predictor=predictor)
+    tables, ov, measured_method = choice.tables, choice.overheads, choice.measured_method
+    table = choice.predictor.table if isinstance(choice.predictor, CalibratedPredictor) else None
+    fit_version = ov.get("vllm_version", DEFAULT_TABLE_VLLM)
+    runner_version = vllm_version or ov.get("vllm_version") or DEFAULT_TABLE_VLLM  # head drafters' runner rules
     per_batch, notes = {}, []
     for b in batches:
-        sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len,
-                                  overheads=ov) if table else None
-        if sc is None:
-            sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov,
-                                 kv_dtype_bytes=kv_dtype_bytes,
-                                 vllm_version=runner_version)
-        per_batch[b] = sc
+        per_batch[b] = choice.predictor.predict(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len)
     sources = {sc.source for sc in per_batch.values()}
     if table is None:
         fitted = (f"overheads fitted on {ov['n_spec']} calibrated vLLM {ov.get('vllm_version', DEFAULT_TABLE_VLLM)} "

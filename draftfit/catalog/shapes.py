@@ -22,6 +22,8 @@ speedup model all read it.
 
 from __future__ import annotations
 
+import functools
+
 from draftfit.errors import DraftfitError
 
 # ----------------------------------------------------------------------------------------------- dtype bytes
@@ -358,6 +360,21 @@ def _head_weights_bytes_per_rank(spec, tp: int, act_bytes: int, linear_bpp: floa
 
 def streamed_weight_bytes_per_rank(spec, tp: int, tokens: float = 1, act_bytes: int | None = None,
                                    quantization: str = "none") -> float:
+    """_streamed_weight_bytes, remembered per (spec, TP, tokens, dtype, format): the roofline asks it for the same
+    few shapes thousands of times in a ranking or a property test (a ModelSpec is frozen, hence hashable)."""
+    try:
+        return _streamed_cached(spec, tp, tokens, act_bytes, quantization)
+    except TypeError:  # an unhashable spec (a dict): computed each time
+        return _streamed_weight_bytes(spec, tp, tokens, act_bytes, quantization)
+
+
+@functools.lru_cache(maxsize=4096)
+def _streamed_cached(spec, tp, tokens, act_bytes, quantization) -> float:
+    return _streamed_weight_bytes(spec, tp, tokens, act_bytes, quantization)
+
+
+def _streamed_weight_bytes(spec, tp: int, tokens: float = 1, act_bytes: int | None = None,
+                           quantization: str = "none") -> float:
     """Bytes a forward pass over `tokens` new tokens streams from HBM for the weights, on one TP rank: every layer
     and the LM head, not the embedding (its rows are gathered). A dense model reads every weight whatever the
     token count; an MoE layer reads its attention, router and shared experts, and the routed experts the step's

@@ -720,16 +720,15 @@ def render_terms(tables) -> str:
     from draftfit.calibration.tables import tables_of_version
     from draftfit.catalog.specs import method_drafter, resolve_model
     from draftfit.engine.versions import MODELLED
-    from draftfit.speedup.stepcost import HELD_OUT_TARGETS, PRIOR_OVERHEADS, fitted_overheads, gpu_spec, prior_step_cost
+    from draftfit.speedup.stepcost import HELD_OUT_TARGETS, PRIOR_OVERHEADS, fitted_overheads, step_cost_model
 
-    g = gpu_spec("H200")
     l8 = resolve_model("Llama-3.1-8B")
     pairs = [("draft_model", l8, resolve_model("Llama-3.2-1B")), ("EAGLE-3 head", l8, resolve_model("EAGLE3-Llama-3.1-8B")),
              ("n-gram", l8, method_drafter("ngram", l8))]
     rows, seen = [], set()
     for label, t, d in pairs:
-        ov = fitted_overheads(tables=tables or None)
-        sc = prior_step_cost(t, d, g, batch=8, k_values=[3], context_len=1024, overheads=ov, vllm_version="0.26.0")
+        sc = step_cost_model(t, d, "H200", batches=[8], k_values=[3], context_len=1024, vllm_version="0.26.0",
+                             predictor="roofline").per_batch[8]  # the roofline predictor, as a layout with no table
         for name, term in sc.terms[3].items():
             if (name, term["source"]) in seen:
                 continue

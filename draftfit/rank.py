@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from draftfit.acceptance.method_prior import published_cross_check
 from draftfit.acceptance.prior import store_status
+from draftfit.acceptance.user_replay import user_acceptance
 from draftfit.catalog.specs import NO_MODEL_METHODS, GpuSpec, ModelSpec, draft_candidates, method_drafter, resolve_model
 from draftfit.compat.tokenizers import catalog_verdict
 from draftfit.errors import DraftfitError
@@ -160,7 +161,7 @@ def candidate_from(ev: PairEvaluation, kv_alone: int | None) -> Candidate:
     if est is not None:
         c.acceptance, c.acceptance_low, c.acceptance_high = est.alpha, est.low, est.high
         c.acceptance_source, c.acceptance_citation, c.relation = est.source, est.citation, est.relation
-        c.acceptance_mixture = est.mixture
+        c.acceptance_mixture = _mixture_with_speedup(est.mixture, ev)
     else:
         c.acceptance_source, c.relation = "none: measure it", d.method
     if d.method in NO_MODEL_METHODS:
@@ -190,6 +191,24 @@ def candidate_from(ev: PairEvaluation, kv_alone: int | None) -> Candidate:
     return c
 
 
+def _mixture_with_speedup(mixture: dict | None, ev: PairEvaluation) -> dict | None:
+    """The n-gram / suffix mixture with each K's predicted speedup at the first batch size beside its tokens per
+    step, and the best K: the mixture carried through to the decision (a copy: the estimate may be cached)."""
+    if not mixture:
+        return None
+    out = {**mixture, "per_k": [dict(p) for p in mixture.get("per_k") or []]}
+    pred = ev.speedup
+    if pred is not None:
+        b0 = ev.layout.batches[0]
+        per_k = pred.batches[b0].per_k
+        for p in out["per_k"]:
+            hit = per_k.get(p["k"])
+            p["speedup"] = round(hit["speedup"], 4) if hit else None
+        out["speedup_batch"] = b0
+        out["best_k"] = pred.batches[b0].best_k
+    return out
+
+
 def _probe_draft(target: ModelSpec, drafts: list[ModelSpec]) -> ModelSpec | None:
     """The smallest draft model vLLM would run for the target: the context is chosen so that at least it fits."""
     ok = [d for d in drafts if not d.is_eagle and d.params_b > 0 and d.vocab_size == target.vocab_size
@@ -201,7 +220,9 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
          workload: str = "chat", temperature: float = 0.0, batches: tuple[int, ...] = (1,), util: float = 0.9,
          max_model_len: int | None = None, extra_candidates: tuple[str, ...] = (), top: int | None = None,
          vllm_version: str | None = None, quantization: str = "none", kv_cache_dtype: str = "auto",
-         max_num_seqs: int | None = None) -> RankResult:
+         max_num_seqs: int | None = None, prompts_file: str | None = None) -> RankResult:
+    """`prompts_file`: the user's logged requests with their outputs; n-gram and suffix are priced at their replay
+    (acceptance.user_replay), the other drafters at their stored measurement or prior for `workload`."""
     t0 = time.perf_counter()
     target = target_name if isinstance(target_name, ModelSpec) else resolve_model(str(target_name))
     drafts: list[ModelSpec] = list(draft_candidates(target))
@@ -224,7 +245,11 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
                                vllm_version=layout.vllm_modelled).kv_tokens
     except DraftfitError:
         kv_alone = None
-    evals = [evaluate_pair(layout, d) for d in drafts]
+    given = {}
+    if prompts_file is not None:  # read and replayed once, before any candidate: a bad file is one line
+        given = {m: user_acceptance(m, target, prompts_file) for m in NO_MODEL_METHODS}
+    evals = [evaluate_pair(layout, d, acceptance=given.get(d.method) if d.method in NO_MODEL_METHODS else None)
+             for d in drafts]
     cands = [candidate_from(ev, kv_alone) for ev in evals]
 
     def key(c: Candidate):
@@ -246,6 +271,9 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
         notes += cmd.notes
     else:
         notes.append("no candidate is predicted to speed up this layout: serve without speculation")
+    if prompts_file is not None:
+        notes.append(f"n-gram and suffix priced at the replay of {prompts_file} (your logged outputs); the other "
+                     f"drafters at their measurement or prior for --workload {workload}")
     ignored = store_status()
     if ignored:
         notes.append(ignored)

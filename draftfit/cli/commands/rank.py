@@ -10,7 +10,7 @@ from draftfit.errors import DraftfitError
 from draftfit.cli.render import json_option
 from draftfit.catalog.specs import NO_MODEL_METHODS, _normalize
 from draftfit.cli.render import console, emit_json, table
-from draftfit.cli.render import fmt_num, fmt_tokens
+from draftfit.cli.render import fmt_num, fmt_tokens, mixture_lines
 from draftfit.layout import check_int, check_name, parse_int_list
 from draftfit.rank import rank as run_rank
 
@@ -33,11 +33,15 @@ from draftfit.rank import rank as run_rank
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache dtype: auto or fp8.")
 @click.option("--max-num-seqs", type=int, default=None,
               help="vLLM's max_num_seqs (default: vLLM's; draftfit lowers it only when nothing fits otherwise).")
+@click.option("--prompts-file", type=click.Path(dir_okay=False), default=None,
+              help="Your logged requests with their outputs (JSONL: {\"prompt\", \"completion\"}, chat messages ending "
+                   "in the assistant's answer, or OpenAI request/response rows): n-gram and suffix are priced at "
+                   "their replay over them, in the target's tokens.")
 @click.option("--all", "show_all", is_flag=True,
               help="List every draft, incompatible and not fitting ones too (default: compatible ones and a count).")
 @json_option
 def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util, candidates, explain, vllm_version,
-         quantization, kv_cache_dtype, max_num_seqs, show_all, as_json):
+         quantization, kv_cache_dtype, max_num_seqs, prompts_file, show_all, as_json):
     """Rank catalog drafts for TARGET: tokenizer, memory, acceptance, best K, speedup, serve command."""
 
     target = check_name(target, "--target", fix="pass --target a catalog name, hub id or model folder")
@@ -54,7 +58,8 @@ def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util
     result = run_rank(target, gpu_name=gpu, tp=tp, workload=workload, temperature=temperature,
                       batches=parse_int_list(batch, "--batch"), util=util, max_model_len=max_model_len,
                       extra_candidates=extra, top=None if explain else top, vllm_version=vllm_version,
-                      quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs)
+                      quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
+                      prompts_file=prompts_file)
     if explain:
         _explain(result, explain, as_json)
         return
@@ -207,10 +212,7 @@ def _explain(result, name: str, as_json: bool) -> None:
     lines.append(f"acceptance: α={fmt_num(hit.acceptance, 3)} band [{fmt_num(hit.acceptance_low, 3)}, "
                  f"{fmt_num(hit.acceptance_high, 3)}], relation {hit.relation}, source {hit.acceptance_source}")
     if hit.acceptance_mixture:
-        m = hit.acceptance_mixture
-        lines.append(f"  mixture (K={m['k']}, {m['reference']}): drafts on {fmt_num(m['draft_probability'] * 100, 0)}% "
-                     f"of steps (draft probability {fmt_num(m['draft_probability'], 3)}), accepted length given a "
-                     f"draft {fmt_num(m['accepted_per_draft'], 2)} tokens")
+        lines += mixture_lines(hit.acceptance_mixture)
     lines.append(f"  citation: {hit.acceptance_citation}")
     lines.append(f"speedup ({hit.speedup_source or 'n/a'}):")
     for b in result.batches:

@@ -16,11 +16,17 @@ A row without an output is refused with its line number: measuring needs the eng
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftfit.acceptance.measure.user_prompts import MAX_FILE_BYTES, UserPrompts, UserRequest, _request_from
+from draftfit.acceptance.measure.user_prompts import (MAX_FILE_BYTES, UserPrompts, UserRequest, _request_from,
+                                                      encode_requests)
+from draftfit.acceptance.method_prior import NGRAM_LOOKUP, PRIOR_K, SUFFIX_CONFIG, replay_estimate
+from draftfit.acceptance.replay import replay
+from draftfit.acceptance.suffix_replay import replay_suffix
+from draftfit.assets.tokenizers import tokenizer_dir
 from draftfit.errors import DraftfitError, require
 
 OUTPUT_KEYS = ("completion", "output", "response", "text")
@@ -115,8 +121,6 @@ def _checked(r: LoggedRequest, where: str) -> LoggedRequest:
 
 def load_logged_traffic(path: str | Path) -> LoggedTraffic:
     """Parse and check the file once, at the boundary (the first MAX_REPLAY_REQUESTS rows are replayed)."""
-    import hashlib
-
     path = Path(path).expanduser()
     if not path.is_file():
         raise DraftfitError(f"--prompts-file {path} is not a file",
@@ -158,8 +162,6 @@ def load_logged_traffic(path: str | Path) -> LoggedTraffic:
 def tokenizer_folder(target) -> Path:
     """The target's tokenizer files (a local folder's own, else the fetched fixture of its family): the replay
     matches token ids, so it needs the target's exact tokenizer, never a stand-in."""
-    from draftfit.assets.tokenizers import tokenizer_dir
-
     candidates = []
     tok = str(getattr(target, "tokenizer", "") or "")
     if tok.startswith("local:"):
@@ -183,8 +185,6 @@ def encode_traffic(folder: Path, traffic: LoggedTraffic) -> list[tuple[list[int]
     """(prompt ids, output ids) per request: prompts as vLLM's OpenAI server builds them (measure/user_prompts'
     encode_requests: raw prompts with special tokens, messages through the chat template), outputs as the plain
     token ids of their text (what the server emitted, less the end-of-turn token)."""
-    from draftfit.acceptance.measure.user_prompts import encode_requests
-
     tokenizers = require("tokenizers")
     prompts = UserPrompts(path=traffic.path, requests=tuple(r.request for r in traffic.requests),
                           sha256=traffic.sha256)
@@ -210,10 +210,6 @@ _ENCODED: dict = {}
 def user_acceptance(method: str, target, prompts_file: str | Path):
     """The n-gram / suffix acceptance of the user's logged traffic, as rank and speedup price it: the replay at
     method_prior.PRIOR_K with the settings draftfit serves, as an AcceptanceEstimate carrying the mixture."""
-    from draftfit.acceptance.method_prior import NGRAM_LOOKUP, PRIOR_K, SUFFIX_CONFIG, replay_estimate
-    from draftfit.acceptance.replay import replay
-    from draftfit.acceptance.suffix_replay import replay_suffix
-
     if method not in ("ngram", "suffix"):
         raise DraftfitError(f"--prompts-file replays n-gram and suffix decoding, not {method}",
                             fix=f"measure {method} on your prompts with `draftfit measure TARGET DRAFT --prompts-file F`")

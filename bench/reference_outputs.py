@@ -489,6 +489,29 @@ def compare_counters(rec: dict, method: str) -> dict:
             "vllm_drafts": rec["vllm_counters"]["num_drafts"], "replay_drafts": c.num_drafts}
 
 
+LOOKUPS = ((1, 3), (2, 4), (2, 5), (3, 5), (5, 5))  # (prompt_lookup_min, max); 2-5 is served, 5-5 vLLM's default
+
+
+def lookup_rows(paths: list[Path], k: int = 8) -> list[list]:
+    """Per reference and n-gram lookup window: the mixture at K (one replay each): the share of decode steps that
+    draft, tokens accepted given a draft, and tokens per decode step."""
+    rows = []
+    for path in paths:
+        rec = json.loads(path.read_text())
+        reqs = list(zip(rec["prompt_ids"], rec["output_ids"]))
+        cells = []
+        for lo, hi in LOOKUPS:
+            c = replay(reqs, k=k, min_n=lo, max_n=hi)
+            decode = max(c.steps - len(reqs), 1)
+            cells.append(f"{c.num_drafts / decode:.2f} x {c.num_accepted / max(c.num_drafts, 1):.2f} = "
+                         f"{1 + c.num_accepted / decode:.2f}")
+        rows.append([rec["workload"], f"{rec.get('temperature', 0.0):g}", *cells])
+    return rows
+
+
+LOOKUP_COLUMNS = ["workload", "T", *(f"lookup {lo}-{hi}{' (served)' if (lo, hi) == NGRAM_LOOKUP else ''}"
+                                     for lo, hi in LOOKUPS)]
+
 COLUMNS = ["workload", "T", "max tokens", "prompts", "output tokens", "cut by cap", "method",
            *(f"K={k}" for k in K_VALUES), "drafting steps (K=8)", "accepted / draft (K=8)",
            "vLLM counters: tokens/step (outputs equal to the reference)", "replay vs vLLM"]
@@ -555,7 +578,10 @@ def main(argv=None) -> int:
             "- prompts)) beside the replay of vLLM's outputs, and say how many of those outputs equal the "
             "reference's. Rows marked (legacy) rest on the old greedy references capped at 96 tokens (mostly the "
             "prompt's echo): they overstate n-gram on code until the full-length references replace them.\n\n"
-            + markdown_table(COLUMNS, rows))
+            + markdown_table(COLUMNS, rows)
+            + "\n\nThe n-gram mixture by lookup window (prompt_lookup_min-max) at K=8, one replay each: draft "
+              "probability x accepted given a draft = 1 + accepted per decode step (the served window is the one "
+              "rank prices; vLLM's default without one is 5-5).\n\n" + markdown_table(LOOKUP_COLUMNS, lookup_rows(paths)))
     if not args.no_readme and not args.out_dir:
         write_section("reference-replay", body, command="python bench/reference_outputs.py --from-stored")
     else:

@@ -267,3 +267,75 @@ def test_method_benches_refuse_a_missing_or_legacy_reference_before_any_engine(s
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "legacy 96-token" in err[0]
     assert (tmp_path / "code.json").read_bytes() == before  # the reference is never written
+
+
+class _FakeOut:
+    def __init__(self, ids, reason):
+        self.outputs = [type("O", (), {"token_ids": ids, "finish_reason": reason})()]
+
+
+class _FakeEngine:
+    """Stands in for vllm.LLM behind bench/reference_outputs._Engine: deterministic outputs per (prompt, T)."""
+
+    calls: list = []
+    fail_at: int | None = None
+
+    def __init__(self, tdir, max_num_seqs):
+        self.version, self.load_s = "fake", 0.0
+
+    def generate(self, prompt_ids, temperature, max_tokens, indices):
+        if _FakeEngine.fail_at is not None and len(_FakeEngine.calls) == _FakeEngine.fail_at:
+            raise KeyboardInterrupt
+        _FakeEngine.calls.append((temperature, list(indices)))
+        return [_FakeOut([i, int(temperature * 10), 7], "stop") for i in indices], 0.5
+
+
+@pytest.fixture
+def fake_generation(tmp_path, monkeypatch):
+    import contextlib
+
+    tdir = tmp_path / "model"
+    tdir.mkdir()
+    (tdir / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 2,
+                                                  "num_key_value_heads": 1, "hidden_size": 8}))
+    monkeypatch.setattr("draftfit.assets.models.model_dir", lambda name: tdir)
+    monkeypatch.setattr("draftfit.locks.heavy_lock", contextlib.nullcontext)
+    monkeypatch.setattr(ref, "encode_chat", lambda d, texts: [[1, 2, 3]] * len(texts))
+    monkeypatch.setattr(ref, "_Engine", _FakeEngine)
+    monkeypatch.setattr(ref, "OUT_DIR", tmp_path / "refs")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    (tmp_path / "refs").mkdir()
+    _FakeEngine.calls, _FakeEngine.fail_at = [], None
+    return tmp_path / "refs"
+
+
+def test_generation_interleaves_temperatures_per_chunk_and_writes_finished_records(fake_generation):
+    written = ref.generate(["code"], [0.0, 0.7], n=5, max_tokens=16, chunk=2)
+    assert [p.name for p in written] == ["code.json", "code-t0.7.json"]
+    # the same prompts back to back at both temperatures (prefix cache), chunk by chunk
+    assert _FakeEngine.calls == [(0.0, [0, 1]), (0.7, [0, 1]), (0.0, [2, 3]), (0.7, [2, 3]), (0.0, [4]), (0.7, [4])]
+    rec = json.loads((fake_generation / "code-t0.7.json").read_text())
+    assert rec["output_ids"] == [[i, 7, 7] for i in range(5)] and rec["settings"]["max_tokens"] == 16
+    assert rec["finish_reasons"] == ["stop"] * 5 and rec["generation"]["chunk"] == 2
+    assert not list(fake_generation.glob("*.partial"))
+    _FakeEngine.calls = []
+    assert ref.generate(["code"], [0.0, 0.7], n=5, max_tokens=16, chunk=2) == []  # finished: skipped
+    assert _FakeEngine.calls == []
+
+
+def test_an_interrupted_generation_continues_where_it_stopped(fake_generation):
+    _FakeEngine.fail_at = 3  # stopped after 3 chunks (two of T=0, one of T=0.7)
+    with pytest.raises(KeyboardInterrupt):
+        ref.generate(["code"], [0.0, 0.7], n=5, max_tokens=16, chunk=2)
+    partial = json.loads((fake_generation / "code.json.partial").read_text())
+    assert sorted(map(int, partial["done"])) == [0, 1, 2, 3] and not (fake_generation / "code.json").exists()
+    _FakeEngine.calls, _FakeEngine.fail_at = [], None
+    ref.generate(["code"], [0.0, 0.7], n=5, max_tokens=16, chunk=2)
+    assert _FakeEngine.calls == [(0.0, [4]), (0.7, [2, 3]), (0.7, [4])]  # only what was left
+    assert json.loads((fake_generation / "code.json").read_text())["output_ids"] == [[i, 0, 7] for i in range(5)]
+    # a partial of other settings is refused before any engine starts
+    (fake_generation / "math.json.partial").write_text(json.dumps({"settings": {"max_tokens": 99}, "done": {}}))
+    _FakeEngine.calls = []
+    with pytest.raises(Exception, match="other settings"):
+        ref.generate(["math"], [0.0], n=5, max_tokens=16, chunk=2)
+    assert _FakeEngine.calls == []

@@ -26,6 +26,20 @@ def counter_path(method: str, workload: str, temperature: float, k: int, directo
     return (Path(directory) if directory else COUNTERS_DIR) / f"{method}-{workload}-t{temperature:g}-k{k}.json"
 
 
+def use_references(folder: str | None) -> Path | None:
+    """--references DIR: the references read from DIR (bench/reference_outputs.py --out-dir DIR) and the counters
+    kept in DIR/vllm-counters, so a smoke run leaves the repository's files alone; None: the shipped ones."""
+    if not folder:
+        return None
+    import bench.reference_outputs as ro
+
+    if not Path(folder).is_dir():
+        raise DraftfitError(f"--references {folder} is not a folder",
+                            fix="pass the --out-dir of a bench/reference_outputs.py run")
+    ro.OUT_DIR = Path(folder)
+    return Path(folder) / "vllm-counters"
+
+
 def same_outputs(a: list, b: list) -> int:
     """How many requests produced identical token ids in two runs (greedy vLLM with speculation reproduces the
     plain engine's outputs where float32 numerics agree)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._method_runs import (COMPARE_COLUMNS, compare, counter_record, generate_with_counters,  # noqa: E402
-                                workload_rows)
+                                use_references, workload_rows)
 from bench._readme import markdown_table, write_section  # noqa: E402
 from bench.reference_outputs import TARGET  # noqa: E402
 from draftfit.acceptance.method_prior import NGRAM_LOOKUP  # noqa: E402
@@ -55,6 +55,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lookup", default=f"{NGRAM_LOOKUP[0]},{NGRAM_LOOKUP[1]}")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--workloads", default="code,code-edit,summarization,math,chat")
+    ap.add_argument("--references", default=None,
+                    help="read the references from this folder and keep the counters in its vllm-counters/ "
+                         "(a smoke run; the table is printed, not written)")
     ap.add_argument("--no-readme", action="store_true")
     ap.add_argument("--from-stored", action="store_true", help="Only re-score the stored counter records (no engine).")
     args = ap.parse_args(argv)
@@ -65,8 +68,9 @@ def main(argv=None) -> int:
     if not 1 <= lo <= hi or not 1 <= args.k <= 16:
         ap.error("--lookup needs 1 <= MIN <= MAX and --k 1..16")
     try:
+        counters_dir = use_references(args.references)
         rows = workload_rows(args.workloads, "ngram", k=args.k, temperature=args.temperature,
-                             from_stored=args.from_stored, row=row,
+                             from_stored=args.from_stored, row=row, directory=counters_dir,
                              measure=lambda w, ref: measure(w, ref, k=args.k, lo=lo, hi=hi))
     except DraftfitError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
@@ -78,7 +82,7 @@ def main(argv=None) -> int:
             "probability and tokens per decode step are the mixture draftfit prices (acceptance.curve). The records "
             "are kept in draftfit/data/reference/vllm-counters/ (the references are never rewritten).\n\n"
             + markdown_table(COLUMNS, rows))
-    if not args.no_readme:
+    if not args.no_readme and not args.references:
         write_section("ngram-replay", body, command="python bench/ngram_replay.py")
     else:
         print(body)

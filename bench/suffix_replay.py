@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._method_runs import (COMPARE_COLUMNS, compare, counter_record, generate_with_counters,  # noqa: E402
-                                workload_rows)
+                                use_references, workload_rows)
 from bench._readme import markdown_table, write_section  # noqa: E402
 from bench.reference_outputs import TARGET  # noqa: E402
 from draftfit.acceptance.suffix_replay import SuffixConfig, real_cache_factory, replay_suffix  # noqa: E402
@@ -110,14 +110,19 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--workloads", default="code,code-edit,summarization,math,chat")
+    ap.add_argument("--references", default=None,
+                    help="read the references from this folder and keep the counters in its vllm-counters/ "
+                         "(a smoke run; the table is printed, not written)")
     ap.add_argument("--no-readme", action="store_true")
     ap.add_argument("--from-stored", action="store_true", help="Only re-score the stored counter records (no engine).")
     args = ap.parse_args(argv)
     if not 1 <= args.k <= 16:
         ap.error("--k 1..16")
     try:
+        counters_dir = use_references(args.references)
         rows = workload_rows(args.workloads, "suffix", k=args.k, temperature=args.temperature,
-                             from_stored=args.from_stored, row=row, measure=lambda w, ref: measure(w, ref, k=args.k))
+                             from_stored=args.from_stored, row=row, directory=counters_dir,
+                             measure=lambda w, ref: measure(w, ref, k=args.k))
     except DraftfitError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return 1
@@ -133,7 +138,7 @@ def main(argv=None) -> int:
             "real cache's add_active_response + speculate per request per step on this machine's CPU (the fastest of "
             "5 replays). The records are kept in draftfit/data/reference/vllm-counters/.\n\n"
             + markdown_table(COLUMNS, rows))
-    if not args.no_readme:
+    if not args.no_readme and not args.references:
         write_section("suffix-replay", body, command="python bench/suffix_replay.py")
     else:
         print(body)

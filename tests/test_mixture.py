@@ -221,3 +221,21 @@ def test_prompts_file_without_the_targets_tokenizer_is_one_line(tmp_path):
     p = _logged(tmp_path, "l.jsonl", [{"prompt": "a", "completion": "b c d"}])
     res = CliRunner().invoke(cli, ["rank", "--target", "Llama-3.1-8B", "--gpu", "H100-80GB", "--prompts-file", str(p)])
     assert res.exit_code == 2 and "tokenizer" in res.output and "Traceback" not in res.output
+
+
+def test_speedup_prompts_file_prices_the_replay(tmp_path):
+    from draftfit.cli import cli
+
+    pytest.importorskip("transformers")
+    p = _logged(tmp_path, "copy.jsonl", [{"prompt": f"Fix the typo in:\n{CODE}    return width * heigth\n",
+                                          "completion": f"{CODE}    return width * height\n"}] * 3)
+    argv = ["speedup", "--target", "Qwen2.5-Coder-32B", "--draft", "suffix", "--gpu", "H200", "--prompts-file", str(p)]
+    res = CliRunner().invoke(cli, [*argv, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    m = out["acceptance_mixture"]
+    assert "copy.jsonl" in m["basis"] and "copy.jsonl" in out["acceptance_source"]
+    e = out["batches"]["1"]["per_k"]["8"]["expected_tokens_per_step"]
+    assert e == pytest.approx(m["tokens_per_step"], abs=1e-3)
+    text = CliRunner().invoke(cli, argv, terminal_width=400).output
+    assert "accepted length given a draft" in text and "best K" in text

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from draftfit.acceptance.method_prior import published_cross_check
+from draftfit.acceptance.method_prior import method_acceptance, published_cross_check
 from draftfit.acceptance.prior import store_status
 from draftfit.acceptance.user_replay import user_acceptance
 from draftfit.catalog.specs import NO_MODEL_METHODS, GpuSpec, ModelSpec, draft_candidates, method_drafter, resolve_model
@@ -50,6 +50,7 @@ class Candidate:
     # ngram / suffix: published figures beside the replayed prior (acceptance.method_prior.published_cross_check)
     acceptance_cross_check: list[dict] = field(default_factory=list)
     acceptance_mixture: dict | None = None  # ngram / suffix: draft probability and accepted length given a draft
+    acceptance_mixture_builtin: dict | None = None  # the built-in reference's, beside a measured or user-file one
     relation: str = ""
     best_k: int | None = None
     best_k_by_batch: dict[int, int | None] = field(default_factory=dict)
@@ -79,7 +80,7 @@ class Candidate:
             "acceptance": self.acceptance, "acceptance_low": self.acceptance_low,
             "acceptance_high": self.acceptance_high, "acceptance_source": self.acceptance_source,
             "acceptance_citation": self.acceptance_citation, "acceptance_cross_check": self.acceptance_cross_check,
-            "acceptance_mixture": self.acceptance_mixture,
+            "acceptance_mixture": self.acceptance_mixture, "acceptance_mixture_builtin": self.acceptance_mixture_builtin,
             "relation": self.relation, "best_k": self.best_k,
             "best_k_by_batch": {str(b): k for b, k in self.best_k_by_batch.items()},
             "speedup": {str(b): v for b, v in self.speedup.items()},
@@ -162,6 +163,9 @@ def candidate_from(ev: PairEvaluation, kv_alone: int | None) -> Candidate:
         c.acceptance, c.acceptance_low, c.acceptance_high = est.alpha, est.low, est.high
         c.acceptance_source, c.acceptance_citation, c.relation = est.source, est.citation, est.relation
         c.acceptance_mixture = _mixture_with_speedup(est.mixture, ev)
+        if est.mixture and not est.mixture.get("reference"):  # a measured run or the user's file: the built-in beside
+            ref = method_acceptance(d.method, ev.layout.workload, ev.layout.temperature)
+            c.acceptance_mixture_builtin = ref.mixture if ref is not None else None
     else:
         c.acceptance_source, c.relation = "none: measure it", d.method
     if d.method in NO_MODEL_METHODS:

@@ -213,6 +213,8 @@ def test_rank_prompts_file_prices_ngram_and_suffix_at_the_replay(tmp_path):
     assert any("copy.jsonl" in n for n in out["notes"])
     text = CliRunner().invoke(cli, [*argv, "--explain", "suffix"], terminal_width=400).output
     assert "replay of your --prompts-file copy.jsonl" in text and "accepted given a draft" in text
+    assert "for comparison, the built-in chat reference" in text
+    assert rows["ngram"]["acceptance_mixture_builtin"]["reference"].endswith("chat.json")
 
 
 def test_prompts_file_without_the_targets_tokenizer_is_one_line(tmp_path):

@@ -213,6 +213,11 @@ def _explain(result, name: str, as_json: bool) -> None:
                  f"{fmt_num(hit.acceptance_high, 3)}], relation {hit.relation}, source {hit.acceptance_source}")
     if hit.acceptance_mixture:
         lines += mixture_lines(hit.acceptance_mixture)
+        b = hit.acceptance_mixture_builtin
+        if b:
+            lines.append(f"  for comparison, the built-in {result.workload} reference ({b.get('reference', '')}): draft "
+                         f"probability {fmt_num(b['draft_probability'], 3)}, accepted length given a draft "
+                         f"{fmt_num(b['accepted_per_draft'], 2)} at K={b['k']}")
     lines.append(f"  citation: {hit.acceptance_citation}")
     lines.append(f"speedup ({hit.speedup_source or 'n/a'}):")
     for b in result.batches:

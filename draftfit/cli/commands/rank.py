@@ -90,7 +90,12 @@ def _winner_lines(result, w) -> list[str]:
     head = (f"Winner: {w.draft} ({how}): {band}, α {fmt_num(w.acceptance)} ({w.acceptance_source}), "
             f"step costs: {w.speedup_basis or 'n/a'}")
     narrow = []
-    if not w.acceptance_source.startswith("measured"):
+    if w.method in NO_MODEL_METHODS and w.acceptance_source.startswith("replay:") and \
+            not (w.acceptance_mixture or {}).get("basis", "").startswith("replay of your"):
+        # n-gram / suffix need no engine: the user's logged outputs replay in seconds (acceptance/user_replay.py)
+        narrow.append(f"replay your logged traffic: `draftfit rank --target {result.target.name} --prompts-file LOG` "
+                      "(prompts with their completions)")
+    elif not w.acceptance_source.startswith("measured"):
         narrow.append(f"measure your prompts: `draftfit measure {result.target.name} {w.draft} "
                       f"--workload {result.workload} --prompts-file F`")
     if w.speedup_basis != "calibrated" and w.method not in NO_MODEL_METHODS:  # calibrate times a draft model

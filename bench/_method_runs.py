@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.reference_outputs import (COUNTERS_DIR, MAX_MODEL_LEN, SEED, compare_counters,  # noqa: E402
                                      kv_bytes_per_token, kv_space_gib, load_reference)
 from draftfit.acceptance.curve import decode_steps_from_counters, mixture_from_counts  # noqa: E402
+from draftfit.acceptance.replay import replay  # noqa: E402
+from draftfit.acceptance.suffix_replay import replay_suffix  # noqa: E402
 
 
 def counter_path(method: str, workload: str, temperature: float, k: int, directory: Path | None = None) -> Path:
@@ -135,13 +137,28 @@ def compare(rec: dict, method: str) -> list:
     vc, rc = curves(rec, counts)
     worst = max(abs(r - x) / x * 100 for r, x in zip(rc, vc))
     v_steps = decode_steps_from_counters(out_tokens, v["num_accepted"], n)
+    each = separate_k(rec, method)
     return [f"{rec['same_outputs']}/{n}", v["num_drafts"], counts.num_drafts,
             f"{v['num_drafts'] / max(v_steps, 1):.3f}", f"{counts.num_drafts / max(counts.steps - n, 1):.3f}",
             f"{v['num_accepted'] / max(v['num_drafts'], 1):.2f}", f"{counts.num_accepted / max(counts.num_drafts, 1):.2f}",
             f"{v_tps:.3f}", f"{r_tps:.3f}", f"{(r_tps - v_tps) / v_tps * 100:+.1f} %",
-            " / ".join(f"{x:.2f}" for x in vc), f"{worst:.1f} %"]
+            " / ".join(f"{x:.2f}" for x in vc), f"{worst:.1f} %", " / ".join(f"{x:.2f}" for x in each)]
+
+
+def separate_k(rec: dict, method: str) -> list[float]:
+    """Tokens per decode step of vLLM's outputs replayed at each K = 1..K_run on its own (the form rank prices: at a
+    smaller K the proposer drafts again sooner after a full accept, which one K_max run cannot show)."""
+    reqs = list(zip(rec["prompt_ids"], rec["output_ids"]))
+    n = len(reqs)
+    out = []
+    for k in range(1, rec["k"] + 1):
+        c = (replay(reqs, k=k, min_n=rec["prompt_lookup_min"], max_n=rec["prompt_lookup_max"]) if method == "ngram"
+             else replay_suffix(reqs, k=k, schedule="batch"))
+        out.append(1 + c.num_accepted / max(decode_steps_from_counters(c.output_tokens, c.num_accepted, n), 1))
+    return out
 
 
 COMPARE_COLUMNS = ["outputs equal to the reference", "drafts vLLM", "drafts replay", "draft probability vLLM",
                    "replay", "accepted given a draft vLLM", "replay", "tokens per decode step vLLM", "replay",
-                   "replay error", "vLLM tokens per step at K=1..K (per-position counts)", "worst K error"]
+                   "replay error", "vLLM tokens per step at K=1..K (per-position counts)", "worst K error",
+                   "replay, each K on its own, K=1..K (what rank prices)"]

@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._readme import markdown_table, write_section  # noqa: E402
 from draftfit.acceptance.measure.prompts import SOURCES, encode_chat, load_prompts  # noqa: E402
-from draftfit.acceptance.method_prior import NGRAM_LOOKUP, SUFFIX_CONFIG  # noqa: E402
+from draftfit.acceptance.method_prior import (NGRAM_LOOKUP, REPLAY_DIR, SUFFIX_CONFIG, replay_fingerprint,  # noqa: E402
+                                               replay_runs, summary_path)
 from draftfit.acceptance.replay import replay  # noqa: E402
 from draftfit.acceptance.suffix_replay import replay_suffix  # noqa: E402
 from draftfit.errors import DraftfitError  # noqa: E402
@@ -410,37 +411,33 @@ def throughput_text(t: dict) -> str:
             f"1). Decode rates have the prefill time (at the measured prefill rate) taken out.")
 
 
-def replay_counts(reqs, method: str, k: int):
-    lo, hi = NGRAM_LOOKUP
-    return (replay(reqs, k=k, min_n=lo, max_n=hi) if method == "ngram"
-            else replay_suffix(reqs, k=k, config=SUFFIX_CONFIG, schedule="sequential"))
-
-
-def tokens_per_step(counts) -> float:
-    return counts.output_tokens / counts.steps if counts.steps else 1.0
-
-
 def counter_files(workload: str, temperature: float, method: str, directory: Path | None = None) -> list[Path]:
     """vLLM counter records of `method` on the reference (bench/ngram_replay.py, bench/suffix_replay.py)."""
     d = Path(directory) if directory else COUNTERS_DIR
     return sorted(d.glob(f"{method}-{workload}-t{temperature:g}-k*.json"))
 
 
-def replay_rows(paths: list[Path], counters_dir: Path | None = None) -> list[list]:
+def replay_rows(paths: list[Path], counters_dir: Path | None = None, summaries: Path | None = None) -> list[list]:
     """Per reference file and method: n-gram (serve's lookup window) and suffix (vLLM defaults) tokens per decode
-    step at K 1-8, each K its own replay; at K=8 the two halves of the mixture (the share of decode steps that draft,
-    tokens accepted given a draft); and, where vLLM ran the method on the same prompts, its own tokens per step
-    beside the replay of vLLM's outputs."""
+    step at K 1-8, each K its own replay (draftfit.acceptance.method_prior.replay_runs, what rank prices); at K=8 the
+    two halves of the mixture (the share of decode steps that draft, tokens accepted given a draft); and, where vLLM
+    ran the method on the same prompts, its own tokens per step beside the replay of vLLM's outputs. `summaries`: a
+    folder to write each replay into (method_prior.REPLAY_DIR: rank then answers without replaying)."""
     rows = []
     for path in paths:
-        rec = json.loads(path.read_text())
+        data = path.read_bytes()
+        rec = json.loads(data)
         reqs = list(zip(rec["prompt_ids"], rec["output_ids"]))
         temp = rec.get("temperature", 0.0)
         legacy = "generation" not in rec
         for method in ("ngram", "suffix"):
-            per_k = {k: replay_counts(reqs, method, k) for k in K_VALUES}
-            c8 = per_k[max(K_VALUES)]
-            decode = c8.steps - len(reqs)
+            runs, groups = replay_runs(method, reqs)
+            if summaries is not None:
+                summaries.mkdir(parents=True, exist_ok=True)
+                (summaries / summary_path(method, path.name).name).write_text(json.dumps(
+                    {"method": method, "reference": path.name, "fingerprint": replay_fingerprint(data, method),
+                     "runs": {str(k): list(v) for k, v in runs.items()}, "groups": groups}) + "\n")
+            drafts8, acc8, steps8 = runs[max(K_VALUES)]
             vllm_cells = ["-", "-"]
             for cf in counter_files(rec["workload"], temp, method, counters_dir):
                 cmp = compare_counters(json.loads(cf.read_text()), method)
@@ -449,17 +446,10 @@ def replay_rows(paths: list[Path], counters_dir: Path | None = None) -> list[lis
             rows.append([rec["workload"], f"{temp:g}", f"{rec['max_tokens']}{' (legacy)' if legacy else ''}",
                          len(reqs), sum(map(len, rec["output_ids"])), f"{truncated_share(rec):.0%}",
                          f"{method} {NGRAM_LOOKUP[0]}-{NGRAM_LOOKUP[1]}" if method == "ngram" else method,
-                         *(f"{decode_tokens_per_step(per_k[k], len(reqs)):.2f}" for k in K_VALUES),
-                         f"{c8.num_drafts / decode:.2f}" if decode > 0 else "-",
-                         f"{c8.num_accepted / c8.num_drafts:.2f}" if c8.num_drafts else "-", *vllm_cells])
+                         *(f"{1 + runs[k][1] / max(runs[k][2], 1):.2f}" for k in K_VALUES),
+                         f"{drafts8 / steps8:.2f}" if steps8 > 0 else "-",
+                         f"{acc8 / drafts8:.2f}" if drafts8 else "-", *vllm_cells])
     return rows
-
-
-def decode_tokens_per_step(counts, requests: int) -> float:
-    """Tokens per decode step (the prefill's first token of each request is not a decode step): what a
-    speculative step yields on average, steps without a draft included."""
-    steps = counts.steps - requests
-    return (counts.output_tokens - requests) / steps if steps > 0 else 1.0
 
 
 def counters_tokens_per_step(counters: dict, output_tokens: int, requests: int) -> float:
@@ -564,7 +554,9 @@ def main(argv=None) -> int:
             print(exc.one_line(), file=sys.stderr)
             return 1
     paths = [p for w in workloads for p in dict.fromkeys(reference_path(w, t) for t in (0.0, *temps)) if p.is_file()]
-    rows = replay_rows(paths)
+    # The shipped references' replays are kept beside them (rank reads them instead of replaying); a smoke run's
+    # (--out-dir) are not.
+    rows = replay_rows(paths, summaries=None if args.out_dir else REPLAY_DIR)
     for r in rows:
         print(" | ".join(map(str, r)), flush=True)
     body = ("Tokens per decode step of n-gram prompt lookup (draftfit's lookup window) and suffix decoding (vLLM's "

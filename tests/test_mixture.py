@@ -32,7 +32,7 @@ def test_mixture_per_k_is_draft_probability_times_accepted_given_draft():
 @pytest.mark.parametrize("counts, drafts, steps, what", [
     ([], 1, 1, "no per-position"),
     ([3, 4], 5, 10, "rise"),  # acceptance is a prefix: position 2 cannot beat position 1
-    ([6], 5, 10, "exceed"),  # more accepted first tokens than drafts
+    ([6], 5, 10, "from 5 drafts"),  # more accepted first tokens than drafts
     ([1], -1, 10, "negative"),
     ([1], 2, -3, "negative"),
     ([1], 2, 0, "0 decode steps"),
@@ -46,6 +46,27 @@ def test_impossible_counters_are_one_line(counts, drafts, steps, what):
 def test_more_drafts_than_derived_steps_clamps_and_says_so():
     m = mixture_from_counts([4], num_drafts=12, decode_steps=10, basis="t")
     assert m.draft_probability == 1.0 and m.notes and "clamped" in m.notes[0]
+
+
+def test_mixture_from_runs_keeps_each_k_and_prices_a_curve_that_never_rises():
+    from draftfit.acceptance.curve import mixture_from_runs
+
+    # (drafts, accepted, decode steps) per K: at K=1 the proposer drafts on more steps than at K=4
+    runs = {1: (50, 40, 100), 2: (45, 60, 90), 3: (42, 70, 86), 4: (40, 76, 84)}
+    m = mixture_from_runs(runs, basis="t", lookup=(2, 5))
+    assert [p.draft_probability for p in m.per_k] == pytest.approx([0.5, 0.5, 42 / 86, 40 / 84])
+    assert [p.tokens_per_step for p in m.per_k] == pytest.approx([1.4, 1 + 60 / 90, 1 + 70 / 86, 1 + 76 / 84])
+    assert all(a >= b for a, b in zip(m.curve, m.curve[1:])) and m.per_k_runs
+    for p in m.per_k:  # the curve the speedup sums gives each K's own tokens per step, here exactly
+        assert 1 + sum(m.curve[:p.k]) == pytest.approx(p.tokens_per_step, abs=1e-9)
+    # a later K yielding more per extra position than an earlier one: pooled, said, block ends kept
+    bumpy = mixture_from_runs({1: (50, 30, 100), 2: (50, 40, 100), 3: (50, 60, 100)}, basis="t")
+    assert bumpy.curve == pytest.approx([0.3, 0.15, 0.15])
+    assert 1 + sum(bumpy.curve) == pytest.approx(1.6) and bumpy.notes
+    with pytest.raises(DraftfitError, match="not 1..K_max"):
+        mixture_from_runs({1: (1, 1, 2), 3: (1, 1, 2)}, basis="t")
+    with pytest.raises(DraftfitError, match="drafts of at most 2"):
+        mixture_from_runs({1: (1, 1, 2), 2: (1, 3, 2)}, basis="t")
 
 
 def test_decode_steps_from_counters():
@@ -238,6 +259,7 @@ def test_speedup_prompts_file_prices_the_replay(tmp_path):
     m = out["acceptance_mixture"]
     assert "copy.jsonl" in m["basis"] and "copy.jsonl" in out["acceptance_source"]
     e = out["batches"]["1"]["per_k"]["8"]["expected_tokens_per_step"]
-    assert e == pytest.approx(m["tokens_per_step"], abs=1e-3)
+    assert e == pytest.approx(m["per_k"][7]["priced_tokens_per_step"], abs=1e-3)
+    assert m["per_k_runs"]  # each K replayed on its own
     text = CliRunner().invoke(cli, argv, terminal_width=400).output
     assert "accepted length given a draft" in text and "best K" in text

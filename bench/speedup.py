@@ -654,6 +654,111 @@ def render_versions(tables) -> str:
     return text
 
 
+# The timed head engines (bench/gpu_campaign.py phases; raw lane files in data/calibration/raw/2026-12-02/), kept out of
+# draftfit/data/calibration so that no fit sees them: what each says of the step model, and whether it is held out.
+HEAD_RUNS = [("eagle3", "HE", "EAGLE-3 head, V2 runner", "built on it: not held out"),
+             ("eagle3-qwen3", "HQ", "EAGLE-3 head, V2 runner", "held out (pre-registered check of the head rule)"),
+             ("mtp", "HS", "MTP layer, V1 runner", "the async-scheduling rule was made after its score")]
+RAW_HEADS = ROOT / "data" / "calibration" / "raw" / "2026-12-02"
+
+
+def _errors_row(label, errs, note) -> list:
+    if not errs:
+        return [label, 0, "-", "-", "-", note]
+    signed = sum(errs) / len(errs)
+    return [label, len(errs), f"{sum(abs(e) for e in errs) / len(errs):.1%}", f"{signed:+.1%}",
+            f"{sum(abs(e) <= 0.15 for e in errs) / len(errs):.0%}", note]
+
+
+def _head_errors(case_name: str, phase: str) -> tuple[list, str]:
+    """The library's prediction today (predict_speedup, vLLM 0.26, the campaign's context) against one head's timed
+    engines: relative errors of the steady-state speedup per (batch, K), and the configuration's name."""
+    from bench.preregister_head import ALPHA, CASES, CONTEXT_LEN, _models, _read_engines
+    from draftfit.calibration.tables import tables_from_results
+    from draftfit.catalog.specs import resolve_gpu
+    from draftfit.engine.rules import VLLM_RULES
+    from draftfit.speedup.predict import predict_speedup
+
+    case = CASES[case_name]
+    paths = sorted(RAW_HEADS.glob(f"{phase}*_gpu0.json"))
+    target, draft = _models(case)
+    tables = [t for t in tables_from_results(_read_engines(paths, case)) if t.draft == draft.name] if paths else []
+    if not tables:
+        return [], f"{target.name} + {draft.name}"
+    table = tables[0]
+    pred = predict_speedup(target, draft, resolve_gpu("H200"), tp=1, acceptance=ALPHA, batches=table.batches,
+                           k_values=table.ks, context_len=CONTEXT_LEN, rules=VLLM_RULES["0.26"])
+    errs = [pred.batches[b].per_k[k]["speedup"] / table.speedup(k, b) - 1
+            for b in table.batches for k in table.ks if table.speedup(k, b)]
+    return errs, f"{target.name} + {draft.name}"
+
+
+def render_methods(result: dict) -> str:
+    """Per drafting method: the draft_model rows are the leave-one-configuration-out above; heads are the timed head
+    engines scored with today's model (no fit sees them); n-gram and suffix have no timed step yet."""
+    dm = [c["draftfit"] / c["measured"] - 1 for c in result["cases"]]
+    rows = [_errors_row("draft_model (leave one configuration out, vLLM 0.26 tables)", dm,
+                        f"{result.get('n_pairs', 0)} configurations, held out in turn")]
+    for case_name, phase, kind, status in HEAD_RUNS:
+        try:
+            errs, config = _head_errors(case_name, phase)
+        except SystemExit as exc:  # a lane file the reader refuses: said, not fatal
+            errs, config = [], f"{case_name} ({exc})"
+        rows.append(_errors_row(f"{kind}: {config}", errs, status))
+    rows.append(_errors_row("n-gram / suffix (no draft forward: verify + a plain step's host overhead + the lookup)",
+                            [], "no timed n-gram or suffix step exists yet (issue 37 item 2, the H200 part, open)"))
+    return ("### Per drafting method\n\nThe same error (predicted / measured steady-state speedup - 1, synthetic "
+            "acceptance, H200, vLLM 0.26) per method. Head engines are read from their raw lane files "
+            "(data/calibration/raw/2026-12-02/HE*, HQ*, HS*) and predicted by today's library at the campaign's 112-token "
+            "context; they are in no fit.\n\n"
+            + markdown_table(["method: configuration", "points", "mean abs error", "mean signed", "within 15 %",
+                              "status"], rows))
+
+
+def render_terms(tables) -> str:
+    """The speculative step's terms (StepCost.terms) for one pair of each method, each with its source, and the
+    fitted constants per modelled vLLM with the tables they were fitted on."""
+    from draftfit.calibration.tables import tables_of_version
+    from draftfit.catalog.specs import method_drafter, resolve_model
+    from draftfit.engine.rules import VLLM_RULES
+    from draftfit.engine.versions import MODELLED
+    from draftfit.speedup.stepcost import HELD_OUT_TARGETS, PRIOR_OVERHEADS, fitted_overheads, step_cost_model
+
+    l8 = resolve_model("Llama-3.1-8B")
+    pairs = [("draft_model", l8, resolve_model("Llama-3.2-1B")), ("EAGLE-3 head", l8, resolve_model("EAGLE3-Llama-3.1-8B")),
+             ("n-gram", l8, method_drafter("ngram", l8))]
+    rows, seen = [], set()
+    for label, t, d in pairs:
+        sc = step_cost_model(t, d, "H200", batches=[8], k_values=[3], context_len=1024, rules=VLLM_RULES["0.26"],
+                             predictor="roofline").per_batch[8]  # the roofline predictor, as a layout with no table
+        for name, term in sc.terms[3].items():
+            if (name, term["source"]) in seen:
+                continue
+            seen.add((name, term["source"]))
+            rows.append([label, f"`{name}`", term["source"]])
+    fits = []
+    for v in MODELLED:
+        ov = fitted_overheads(tables=tables, tables_key=v) if tables else {}
+        own = [t for t in tables_of_version(tables, v) if t.target not in HELD_OUT_TARGETS] if tables else []
+        on = (f"{len({t.configuration for t in own})} vLLM {v} configurations: "
+              + ", ".join(sorted({f'{t.target}+{t.draft} TP{t.tp}' for t in own}))) if own else \
+            f"none of its own: vLLM {ov.get('vllm_version', '0.26')}'s fit stands in"
+        fits.append([f"vLLM {v}", ", ".join(f"{k} {ov[k]:.3g}" for k in PRIOR_OVERHEADS if k in ov), on])
+    return ("### Step terms and their sources\n\nA speculative step is the named sum `StepCost.terms` (`draftfit "
+            "speedup --explain`, `--json`); the terms of one pair per method (Llama-3.1-8B on the H200, batch 8, K=3, "
+            "vLLM 0.26), with where each comes from (a term whose source a method shares with one above is not "
+            "repeated):\n\n"
+            + markdown_table(["method", "term", "source"], rows)
+            + "\n\nThe fitted constants (ms; `stepcost.fitted_overheads`), per modelled vLLM, and the tables each was "
+            "fitted on (a version with no table of its own uses 0.26's, band widened; "
+            + ", ".join(HELD_OUT_TARGETS) + " is held out of every fit). The other constants are read from the vLLM "
+            "source (CUDAGRAPH_MAX_TOKENS, which pass hides, async scheduling per method and version: engine/rules.py) "
+            "or measured (EAGER_HOST_LAYER_MS: eager-launch section; bandwidth and FLOP efficiencies: the lent "
+            "H200's copy and GEMM rates):\n\n"
+            + markdown_table(["vLLM", "fitted constants", "fitted on"], fits))
+
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calibration-dir", type=Path, default=None)
@@ -670,6 +775,8 @@ def main(argv=None) -> int:
         plots = plot_held_out(result, args.plot_dir)
         text += "\n\nHeld-out predictions against K: " + ", ".join(
             f"[{p.stem}](docs/speedup/{p.name})" for p in plots) + "."
+    if result["cases"]:
+        text += "\n\n" + render_methods(result) + "\n\n" + render_terms(tables)
     versions = render_versions(tables) if tables else ""
     if versions:
         text += "\n\n" + versions

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from draftfit.acceptance.prior import AcceptanceEstimate, measured_acceptance, prior_acceptance
 from draftfit.acceptance.method_prior import method_acceptance
+from draftfit.catalog.shapes import act_dtype, as_served, kv_dtype_bytes
 from draftfit.catalog.specs import NO_MODEL_METHODS, ModelSpec, method_drafter, resolve_model
 from draftfit.compat.tokenizers import CompatReport
 from draftfit.compat.vllm_accepts import (  # noqa: F401  (vllm_verdict: re-exported)
@@ -87,8 +88,7 @@ def resolve_drafter(target: ModelSpec, draft: str | ModelSpec) -> ModelSpec:
 
 def served_spec(layout: Layout) -> ModelSpec:
     """The target as it will run: with the layout's weight format, which the roofline's weight traffic reads."""
-    quant = "" if layout.quantization in ("none", "auto") else layout.quantization
-    return layout.target if quant == layout.target.quantization else replace(layout.target, quantization=quant)
+    return as_served(layout.target, layout.quantization)
 
 
 def measure_it(target: ModelSpec, draft: ModelSpec) -> str:
@@ -142,7 +142,10 @@ def evaluate_pair(layout: Layout, draft: str | ModelSpec, *, acceptance: Accepta
         ks = (layout.k,) if layout.k else tuple(k_values)
         pred = predict_speedup(served_spec(layout), d, layout.gpu, tp=layout.tp, acceptance=est, batches=layout.batches,
                                k_values=ks, context_len=min(layout.max_model_len, 1024),
-                               rules=layout.engine.rules)
+                               rules=layout.engine.rules,
+                               # --kv-cache-dtype: the KV bytes the roofline reads, as the memory plan sizes them
+                               kv_dtype_bytes=kv_dtype_bytes(layout.kv_cache_dtype,
+                                                             act_dtype(layout.dtype, target)[1]))
     decision = decide(layout, runs, why, vfix, memory, mem_err, mem_fix, pred, unmeasured=unmeasured)
     return PairEvaluation(layout=layout, draft=d, method=method_of(d), compat=compat, vllm_runs=runs, vllm_reason=why,
                           memory=memory, memory_error=mem_err, memory_fix=mem_fix, acceptance=est, speedup=pred,

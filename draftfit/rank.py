@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from draftfit.acceptance.method_prior import published_cross_check
+from draftfit.acceptance.method_prior import method_acceptance, published_cross_check
 from draftfit.acceptance.prior import store_status
+from draftfit.acceptance.user_replay import user_acceptance
 from draftfit.catalog.specs import NO_MODEL_METHODS, GpuSpec, ModelSpec, draft_candidates, method_drafter, resolve_model
 from draftfit.compat.tokenizers import catalog_verdict
 from draftfit.errors import DraftfitError
@@ -49,6 +50,7 @@ class Candidate:
     # ngram / suffix: published figures beside the replayed prior (acceptance.method_prior.published_cross_check)
     acceptance_cross_check: list[dict] = field(default_factory=list)
     acceptance_mixture: dict | None = None  # ngram / suffix: draft probability and accepted length given a draft
+    acceptance_mixture_builtin: dict | None = None  # the built-in reference's, beside a measured or user-file one
     relation: str = ""
     best_k: int | None = None
     best_k_by_batch: dict[int, int | None] = field(default_factory=dict)
@@ -78,7 +80,7 @@ class Candidate:
             "acceptance": self.acceptance, "acceptance_low": self.acceptance_low,
             "acceptance_high": self.acceptance_high, "acceptance_source": self.acceptance_source,
             "acceptance_citation": self.acceptance_citation, "acceptance_cross_check": self.acceptance_cross_check,
-            "acceptance_mixture": self.acceptance_mixture,
+            "acceptance_mixture": self.acceptance_mixture, "acceptance_mixture_builtin": self.acceptance_mixture_builtin,
             "relation": self.relation, "best_k": self.best_k,
             "best_k_by_batch": {str(b): k for b, k in self.best_k_by_batch.items()},
             "speedup": {str(b): v for b, v in self.speedup.items()},
@@ -101,6 +103,9 @@ class RankResult:
     winner: str | None
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # method -> AcceptanceEstimate rank priced instead of the store/prior lookup (n-gram and suffix at the replay of
+    # --prompts-file): the serving-load view (cli rank --request-rate) prices the same drafters at the same acceptance.
+    given_acceptance: dict = field(default_factory=dict)
 
     # Shortcuts the renderer and older callers read.
     @property
@@ -160,7 +165,10 @@ def candidate_from(ev: PairEvaluation, kv_alone: int | None) -> Candidate:
     if est is not None:
         c.acceptance, c.acceptance_low, c.acceptance_high = est.alpha, est.low, est.high
         c.acceptance_source, c.acceptance_citation, c.relation = est.source, est.citation, est.relation
-        c.acceptance_mixture = est.mixture
+        c.acceptance_mixture = _mixture_with_speedup(est.mixture, ev)
+        if est.mixture and not est.mixture.get("reference"):  # a measured run or the user's file: the built-in beside
+            ref = method_acceptance(d.method, ev.layout.workload, ev.layout.temperature)
+            c.acceptance_mixture_builtin = ref.mixture if ref is not None else None
     else:
         c.acceptance_source, c.relation = "none: measure it", d.method
     if d.method in NO_MODEL_METHODS:
@@ -190,6 +198,24 @@ def candidate_from(ev: PairEvaluation, kv_alone: int | None) -> Candidate:
     return c
 
 
+def _mixture_with_speedup(mixture: dict | None, ev: PairEvaluation) -> dict | None:
+    """The n-gram / suffix mixture with each K's predicted speedup at the first batch size beside its tokens per
+    step, and the best K: the mixture carried through to the decision (a copy: the estimate may be cached)."""
+    if not mixture:
+        return None
+    out = {**mixture, "per_k": [dict(p) for p in mixture.get("per_k") or []]}
+    pred = ev.speedup
+    if pred is not None:
+        b0 = ev.layout.batches[0]
+        per_k = pred.batches[b0].per_k
+        for p in out["per_k"]:
+            hit = per_k.get(p["k"])
+            p["speedup"] = round(hit["speedup"], 4) if hit else None
+        out["speedup_batch"] = b0
+        out["best_k"] = pred.batches[b0].best_k
+    return out
+
+
 def _probe_draft(target: ModelSpec, drafts: list[ModelSpec]) -> ModelSpec | None:
     """The smallest draft model vLLM would run for the target: the context is chosen so that at least it fits."""
     ok = [d for d in drafts if not d.is_eagle and d.params_b > 0 and d.vocab_size == target.vocab_size
@@ -201,7 +227,9 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
          workload: str = "chat", temperature: float = 0.0, batches: tuple[int, ...] = (1,), util: float = 0.9,
          max_model_len: int | None = None, extra_candidates: tuple[str, ...] = (), top: int | None = None,
          vllm_version: str | None = None, quantization: str = "none", kv_cache_dtype: str = "auto",
-         max_num_seqs: int | None = None) -> RankResult:
+         max_num_seqs: int | None = None, prompts_file: str | None = None) -> RankResult:
+    """`prompts_file`: the user's logged requests with their outputs; n-gram and suffix are priced at their replay
+    (acceptance.user_replay), the other drafters at their stored measurement or prior for `workload`."""
     t0 = time.perf_counter()
     target = target_name if isinstance(target_name, ModelSpec) else resolve_model(str(target_name))
     drafts: list[ModelSpec] = list(draft_candidates(target))
@@ -224,7 +252,11 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
                                rules=layout.engine.rules).kv_tokens
     except DraftfitError:
         kv_alone = None
-    evals = [evaluate_pair(layout, d) for d in drafts]
+    given = {}
+    if prompts_file is not None:  # read and replayed once, before any candidate: a bad file is one line
+        given = {m: user_acceptance(m, target, prompts_file) for m in NO_MODEL_METHODS}
+    evals = [evaluate_pair(layout, d, acceptance=given.get(d.method) if d.method in NO_MODEL_METHODS else None)
+             for d in drafts]
     cands = [candidate_from(ev, kv_alone) for ev in evals]
 
     def key(c: Candidate):
@@ -246,6 +278,9 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
         notes += cmd.notes
     else:
         notes.append("no candidate is predicted to speed up this layout: serve without speculation")
+    if prompts_file is not None:
+        notes.append(f"n-gram and suffix priced at the replay of {prompts_file} (your logged outputs); the other "
+                     f"drafters at their measurement or prior for --workload {workload}")
     ignored = store_status()
     if ignored:
         notes.append(ignored)
@@ -259,4 +294,4 @@ def rank(target_name: str | ModelSpec, *, gpu_name: str | None = None, tp: int |
             raise DraftfitError(f"--top {top} is not a positive count", fix="pass --top 5, or leave it out")
         cands = cands[:top]
     return RankResult(layout=layout, candidates=cands, serve_command=serve, winner=winner, notes=notes,
-                      elapsed_s=round(time.perf_counter() - t0, 3))
+                      elapsed_s=round(time.perf_counter() - t0, 3), given_acceptance=given)

@@ -16,11 +16,46 @@ os.environ["COLUMNS"] = "160"
 _ENGINE_FILES = ("test_sweep.py",)
 
 
+ENGINE_GROUP = "engines"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (pytest < 9.2)
 def pytest_collection_modifyitems(config, items):
+    loadgroup = getattr(config.option, "loadgroup", False)  # set on xdist workers under --dist loadgroup
     for item in items:
         if (item.get_closest_marker("vllm") or item.get_closest_marker("models")
                 or item.nodeid.split("::")[0].endswith(_ENGINE_FILES)):
-            item.add_marker(pytest.mark.xdist_group("engines"))
+            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+            if loadgroup and not hasattr(item, "_nodeid") and hasattr(item, "_id"):
+                # pytest 9.2 keeps the node id in a structured `_id`; xdist 3.8 still appends the group to the
+                # old `_nodeid`, which no longer exists, so every group was silently spread over both workers
+                # (pytest-xdist issue #1386): two engines at once and the session's pair measured twice.
+                item._id = type(item._id).parse(f"{item.nodeid}@{ENGINE_GROUP}")
+
+
+def pytest_collection_finish(session):
+    """Under --dist loadgroup, fail loudly where the grouping did not take (the bug above came back)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(f"--dist loadgroup lost the xdist_group of {len(lost)} tests (e.g. {lost[0]}): "
+                                "the engine tests would run two at a time; see tests/conftest.py")
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    """A function: use(**FakeSpec fields) puts the fake engine behind the measurement seam for this test and
+    the processes it starts (draftfit.acceptance.measure.fake; the switch is base.FAKE_ENV)."""
+    from draftfit.acceptance.measure.base import FAKE_ENV
+    from draftfit.acceptance.measure.fake import FakeSpec
+
+    def use(**fields):
+        spec = FakeSpec(**fields)
+        monkeypatch.setenv(FAKE_ENV, spec.to_json())
+        return spec
+
+    return use
 
 # The real pair at greedy and T=0.7 in one engine: 2 code prompts x 24 tokens, K=4 (CI has 2 cores).
 PAIR_PROMPTS, PAIR_TOKENS, PAIR_K, PAIR_TEMPERATURES = 2, 24, 4, (0.0, 0.7)

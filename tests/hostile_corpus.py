@@ -118,6 +118,9 @@ TOK_VARIANTS = [
     "tokcfg-bos-number", "tokcfg-template-number", "tokcfg-binary-64k", "tokcfg-is-dir", "jinja-is-dir",
     "jinja-binary", "tok-missing",
 ]
+# Logged-traffic files for `rank/speedup --prompts-file` (acceptance/user_replay.py): each is refused with one line.
+LOGGED_VARIANTS = ["logged-no-output", "logged-empty-output", "logged-output-number", "logged-assistant-only",
+                   "logged-response-no-choices", "logged-blank", "logged-one-token-outputs", "logged-json-list"]
 # (a missing store file, or a dangling symlink, is created by SQLite: not hostile)
 STORE_VARIANTS = ["store-garbage", "store-text", "store-json", "store-wrong-schema", "store-empty-dir-name"]
 
@@ -154,6 +157,14 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.option("rank", rank, "--max-num-seqs", _pick(I, skip={"empty"}))
     b.option("rank", rank, "--quantization", ["magic", ""])
     b.option("rank", rank, "--kv-cache-dtype", ["fp4"])
+    # --prompts-file (issue 36): logged requests with outputs, replayed for n-gram / suffix in the target's tokens
+    b.option("rank", rank, "--prompts-file", ["{tmp}/path-nonexistent", "{tmp}/store-dir", "{tmp}/store-garbage",
+                                              "{tmp}/store-json", "{tmp}/store-text", "{tmp}/prompts-deep-nesting",
+                                              *(f"{{tmp}}/{v}" for v in LOGGED_VARIANTS), ""],
+             files=("path-nonexistent", "store-dir", "store-garbage", "store-json", "store-text",
+                    "prompts-deep-nesting", *LOGGED_VARIANTS))
+    # a good file for a target whose tokenizer files are not here (no llama-3.1 fixture): the replay needs them
+    b.add("rank-prompts-file-no-tokenizer", [*rank, "--prompts-file", "{tmp}/logged-good"], files=("logged-good",))
 
     # ------------------------------------------------------------------ memory
     mem = ["memory", M_T, "--gpu", GPU, "--draft", M_D]
@@ -285,6 +296,20 @@ def build_cases(*, root: bool | None = None) -> list[Case]:
     b.add("speedup-plot-is-dir", [*cf, "--plot", "{tmp}/store-dir"], files=("store-dir",))
     b.add("speedup-plot-missing-dir", [*cf, "--plot", "{tmp}/path-nonexistent/p.png"], files=("path-nonexistent",))
     b.add("speedup-explain-closed-form", [*cf, "--explain"])  # no step terms without --target/--draft/--gpu
+    qwen_ngram = ["speedup", "--target", "Qwen2.5-Coder-32B", "--draft", "ngram", "--gpu", "H200"]
+    b.option("speedup-prompts", qwen_ngram, "--prompts-file",
+             ["{tmp}/path-nonexistent", "{tmp}/store-dir", "{tmp}/store-garbage", "{tmp}/prompts-deep-nesting",
+              *(f"{{tmp}}/{v}" for v in LOGGED_VARIANTS)],
+             files=("path-nonexistent", "store-dir", "store-garbage", "prompts-deep-nesting", *LOGGED_VARIANTS))
+    b.add("speedup-prompts-file-closed-form", ["speedup", "--k", "4", "--c", "0.1", "--prompts-file",
+                                               "{tmp}/logged-good"], files=("logged-good",))
+    b.add("speedup-prompts-file-and-alpha", [*qwen_ngram, "--alpha", "0.7", "--prompts-file", "{tmp}/logged-good"],
+          files=("logged-good",))
+    b.add("speedup-prompts-file-and-workload", [*qwen_ngram, "--workload", "code", "--prompts-file",
+                                                "{tmp}/logged-good"], files=("logged-good",))
+    b.add("speedup-prompts-file-draft-model", ["speedup", "--target", "Qwen2.5-Coder-32B", "--draft",
+                                               "Qwen2.5-Coder-7B", "--gpu", "H200", "--prompts-file",
+                                               "{tmp}/logged-good"], files=("logged-good",))
 
     # ------------------------------------------------------------------ calibrate (heavy guarded)
     cal = ["calibrate", M_T, M_D]
@@ -891,6 +916,17 @@ def build_file(name: str, root: Path, project_root: Path | None = None) -> Path:
             "log-float": b"prompt_len,output_len\n100.5,20\n", "log-jsonl-bad": b'{"prompt_len": 1\n',
             "log-jsonl-list": b'{"prompt_len": [1], "output_len": 2}\n', "log-binary": garbage_bytes(),
         }[name])
+    elif name.startswith("logged-"):
+        rows = {"logged-good": [{"prompt": "def add(a, b):", "completion": "\n    return a + b\n"}],
+                "logged-no-output": [{"prompt": "def add(a, b):"}],
+                "logged-empty-output": [{"prompt": "def add(a, b):", "completion": "  "}],
+                "logged-output-number": [{"prompt": "def add(a, b):", "completion": 42}],
+                "logged-assistant-only": [{"messages": [{"role": "assistant", "content": "hello"}]}],
+                "logged-response-no-choices": [{"body": {"prompt": "hi"}, "response": {"body": {"choices": []}}}],
+                "logged-blank": [],
+                "logged-one-token-outputs": [{"prompt": "Say yes.", "completion": "yes"}] * 3,
+                "logged-json-list": [["prompt", "completion"]]}[name]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows) or "\n\n")
     elif name == "prompts-deep-nesting":  # json's parser recurses per bracket: RecursionError, not a crash
         path.write_text('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     elif name == "slowtok-only":  # GPT-2's slow format: vocab.json + merges.txt, no tokenizer.json, no config.json

@@ -44,6 +44,7 @@ def test_method_replay_disk_cache_equals_a_fresh_replay(tmp_path, monkeypatch):
     from draftfit.acceptance import method_prior as mp
 
     monkeypatch.setenv("DRAFTFIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(mp, "REPLAY_DIR", tmp_path / "no-shipped-summaries")  # else rank reads the shipped ones
     mp.method_acceptance.cache_clear()
     fresh = {m: mp.method_acceptance(m, "code") for m in ("ngram", "suffix")}
     files = list((tmp_path / "cache" / "method-replay").glob("*.json"))

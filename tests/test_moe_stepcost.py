@@ -78,7 +78,11 @@ def test_dense_prior_is_unchanged_by_the_moe_terms(pair):
     sc = prior_step_cost(model_spec(target), model_spec(draft), gpu_spec("H200"), batch=128, k_values=[1, 4, 8],
                          tp=tp, context_len=112)
     base, spec = DENSE_BEFORE[pair]
-    assert sc.base_step_ms == pytest.approx(base, rel=1e-12)
+    # Since issue 37 (item 5) the streamed weights are catalog.shapes', the memory plan's parameter counts: norms,
+    # Qwen2's q/k/v biases and the LM head's padded rows are read too, a few MB of 15-140 GB (under 1e-4 of a step).
+    # Anything an MoE term leaked into a dense step would be far larger.
+    rel = 1e-4
+    assert sc.base_step_ms == pytest.approx(base, rel=rel)
     # Since 2026-12-02 the draft's first pass runs over the B x (K+1) verified tokens (first_pass_roofline_ms, from
     # vLLM's proposer): the only change to these numbers, by exactly that pass's roofline difference.
     t, d, g = model_spec(target), model_spec(draft), gpu_spec("H200")
@@ -92,7 +96,7 @@ def test_dense_prior_is_unchanged_by_the_moe_terms(pair):
         first = forward_ms(d, g, batch=128, tokens_per_seq=k + 1, context_len=112, tp=tp)
         moved[k] += -0.4 * (t.num_layers + d.num_layers) - verify - first \
             + max(verify, eager_host_ms(t)) + max(first, eager_host_ms(d))
-    assert sc.spec_step_ms == pytest.approx(moved, rel=1e-12)
+    assert sc.spec_step_ms == pytest.approx(moved, rel=rel)
     assert sc.spec_step_ms[1] > spec[1]  # at batch 128 the first pass is dearer
 
 

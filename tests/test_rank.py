@@ -71,9 +71,9 @@ def test_every_number_has_a_source(llama70b):
 def test_winner_serve_command(llama70b):
     if llama70b["winner"] is None:
         pytest.skip("no candidate predicted to pay off in this build")
-    assert llama70b["winner"] in LLAMA_DRAFTS | {"ngram"}
+    assert llama70b["winner"] in LLAMA_DRAFTS | {"ngram", "suffix"}
     cmd = llama70b["serve_command"]
-    method = "ngram" if llama70b["winner"] == "ngram" else "draft_model"
+    method = llama70b["winner"] if llama70b["winner"] in ("ngram", "suffix") else "draft_model"
     assert cmd.startswith("vllm serve meta-llama/Llama-3.1-70B-Instruct") and method in cmd
 
 

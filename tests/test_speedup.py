@@ -325,7 +325,8 @@ def test_roofline_bytes_match_public_numbers():
     l8, l70, h200 = model_spec("Llama-3.1-8B"), model_spec("Llama-3.1-70B"), gpu_spec("H200")
     # Every weight but the input embedding is streamed once per step: 8.03B - 128256 x 4096 rows, bf16.
     assert weight_bytes_per_rank(l8, 1) == pytest.approx(2 * (8.03e9 - 128256 * 4096), rel=0.01)
-    assert weight_bytes_per_rank(l70, 2) == pytest.approx(weight_bytes_per_rank(l70, 1) / 2)
+    # TP halves every matrix; the norms (a few MB) sit whole on each rank (catalog.shapes, as vLLM's RMSNorm).
+    assert weight_bytes_per_rank(l70, 2) == pytest.approx(weight_bytes_per_rank(l70, 1) / 2, rel=1e-4)
     assert kv_bytes_per_token_per_rank(l8, 1) == 131072  # 128 KiB per token: 32 layers x 2 x 8 x 128 x 2 B
     assert kv_bytes_per_token_per_rank(l70, 16) == 80 * 2 * 1 * 128 * 2  # 8 KV heads replicated past TP=8
     # Batch-1 decode is bandwidth-bound: ~15 GB at ~3.8 TB/s effective is about 4 ms.

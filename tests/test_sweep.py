@@ -2,7 +2,8 @@
 
 Fast tests plan cells and placements, build the engine arguments a multi-node cell gets (checked against vLLM's
 own EngineArgs), and run real Ray tasks whose cells fail before any engine (retries, failure filing, calibration
-lanes). The real-engine test sweeps the real Qwen2.5-Coder pair and ngram through one local Ray, kills the sweep
+lanes). The resume test sweeps the Qwen2.5-Coder pair and ngram through one local Ray on the fake engine
+(draftfit.acceptance.measure.fake: the same worker process driver, seconds instead of minutes), kills the sweep
 after its first cell lands, resumes it, and compares each run's counters with a direct `draftfit measure`."""
 
 import json
@@ -260,10 +261,13 @@ def test_calibration_cells_through_real_ray_file_lanes_and_resume(ray_session, t
     assert table["target"] == "Llama-3.1-8B" and table["draft"] == "Llama-3.2-1B"
 
 
-# ------------------------------------------------------------------------------------------ real engines
+# ------------------------------------------------------------------------------------------ kill and resume
 def _sweep_cmd(store, address, *extra):
     return [sys.executable, "-m", "draftfit", "sweep", TARGET, "--drafts", f"{DRAFT},ngram", "--prompts", "2",
             "--max-tokens", "24", "--k", "4", "--store", str(store), "--ray-address", address, *extra]
+
+
+_WORKERS = (b"draftfit.acceptance.measure.vllm", b"draftfit.acceptance.measure.fake")
 
 
 def _measure_workers() -> list[int]:
@@ -276,7 +280,7 @@ def _measure_workers() -> list[int]:
                 zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
         except (OSError, IndexError):
             continue
-        if b"draftfit.acceptance.measure.vllm" in cmd and b"--worker" in cmd and not zombie:
+        if any(w in cmd for w in _WORKERS) and b"--worker" in cmd and not zombie:
             found.append(int(pid))
     return found
 
@@ -294,43 +298,42 @@ COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted", "per_position_acce
 
 
 @NEEDS_PAIR
-@pytest.mark.vllm
-@pytest.mark.models
-def test_sweep_killed_after_its_first_cell_resumes_and_matches_direct_measures(ray_session, vllm_pair_run, tmp_path):
-    """The real pair and ngram, greedy, 2 prompts x 24 tokens, K=4, through one local Ray:
+def test_sweep_killed_after_its_first_cell_resumes_and_matches_direct_measures(ray_session, fake_engine, tmp_path):
+    """The pair and ngram, greedy, 2 prompts x 24 tokens, K=4, through one local Ray, on the fake engine:
     1. `draftfit sweep` (a subprocess joining the session's Ray) is SIGKILLed as soon as its first cell's run
        is stored; its other engine dies with it;
     2. the same sweep again runs only the missing cell (JSON: one skipped, one done, backend ray);
-    3. both runs' counters equal a direct `measure` of the same cell (the pair's is the session's shared one);
+    3. both runs' counters equal a direct `measure` of the same cell, and the resume key is measure's provenance;
     4. a third sweep runs nothing (all skipped, no new run)."""
     from draftfit.acceptance.store import MeasurementStore
     from draftfit.cli import cli
     from draftfit.acceptance.measure.run import run_measurement
 
+    fake_engine(batch_s=2.0, curves={"ngram": (0.5, 0.3)})  # slow enough that the second cell is running at the kill
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
     store = tmp_path / "s.sqlite"
     proc = subprocess.Popen(_sweep_cmd(store, ray_session, "--json"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
     try:
-        deadline = time.monotonic() + 1200
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None and not _ok_runs(store):
-            time.sleep(0.5)
+            time.sleep(0.2)
         assert _ok_runs(store), f"no cell landed (exit {proc.poll()}: {proc.stderr.read()[-2000:] if proc.poll() is not None else ''})"
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:
         if proc.poll() is None:
             proc.kill()
-    for _ in range(120):  # Ray ends a dead driver's tasks; the engine dies with its task (PR_SET_PDEATHSIG)
+    for _ in range(300):  # Ray ends a dead driver's tasks; the engine dies with its task (PR_SET_PDEATHSIG)
         if not _measure_workers():
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert not _measure_workers(), "an engine of the killed sweep kept running"
     first = _ok_runs(store)
-    assert len(first) == 1
+    assert len(first) == 1 and first[0]["vllm_version"] == "fake"
 
     res = subprocess.run(_sweep_cmd(store, ray_session, "--json"), capture_output=True, text=True, env=env,
-                         timeout=1200)
+                         timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout)
     assert out["backend"] == "ray" and out["device"] == "cpu"
@@ -339,17 +342,21 @@ def test_sweep_killed_after_its_first_cell_resumes_and_matches_direct_measures(r
     runs = {r["draft"]: r for r in _ok_runs(store)}
     assert sorted(runs) == sorted([DRAFT, "ngram"])
 
-    pair_direct = vllm_pair_run[0]  # T=0 of the session's measurement: same cell, same settings
+    direct = run_measurement(TARGET, DRAFT, workload="code", temperatures=[0.0], k=4, num_prompts=2, max_tokens=24,
+                             store_path=str(tmp_path / "direct.sqlite"), progress=False)[0]
     ngram_direct = run_measurement(TARGET, "ngram", workload="code", temperatures=[0.0], k=4, num_prompts=2,
                                    max_tokens=24, store_path=str(tmp_path / "direct.sqlite"), progress=False)[0]
-    for draft, direct in ((DRAFT, pair_direct), ("ngram", ngram_direct)):
+    assert direct.num_accepted != ngram_direct.num_accepted  # two drafts, two curves: a swap would show
+    for draft, d in ((DRAFT, direct), ("ngram", ngram_direct)):
         for key in COUNTERS:
-            assert runs[draft][key] == getattr(direct, key), (draft, key)
+            assert runs[draft][key] == getattr(d, key), (draft, key)
     with MeasurementStore(tmp_path / "direct.sqlite") as d:
-        direct_row = d.runs()[0]
+        direct_rows = {r["draft"]: r for r in d.runs()}
     # The sweep's resume key is draftfit measure's own provenance (a drift here would rerun every cell).
-    for key in ("target", "draft", "target_hash", "draft_hash", "prompt_set_hash", "num_prompts", "max_tokens", "k"):
-        assert runs["ngram"][key] == direct_row[key], key
+    for draft in (DRAFT, "ngram"):
+        for key in ("target", "draft", "target_hash", "draft_hash", "prompt_set_hash", "num_prompts", "max_tokens",
+                    "k"):
+            assert runs[draft][key] == direct_rows[draft][key], (draft, key)
 
     n_before = len(MeasurementStore(store).runs())
     again = CliRunner().invoke(cli, _sweep_cmd(store, ray_session, "--json")[3:])

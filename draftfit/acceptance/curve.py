@@ -191,3 +191,165 @@ def expected_tokens_per_step(alpha_or_curve, k: int) -> float:
             return float(k + 1)
         return (1.0 - a ** (k + 1)) / (1.0 - a)
     return 1.0 + sum(extend_curve(alpha_or_curve, k)) if k else 1.0
+
+
+# ------------------------------------------------------------------------------------ n-gram / suffix mixture
+# A model-free drafter (n-gram prompt lookup, suffix decoding) proposes nothing on a step whose context has no
+# match. Its acceptance is a mixture, not an i.i.d. per-token rate: how often a decode step drafts, and how many
+# of a draft's tokens the target keeps when it does. vLLM's counters give both: num_drafts counts only steps that
+# drafted, and each step emits 1 + its accepted tokens, so decode steps = output tokens - accepted - one prefill
+# token per request. A replay (engine-free) runs every K on its own (mixture_from_runs): at a smaller K the proposer
+# drafts again sooner after a fully accepted draft, so one run at K_max read at smaller K (mixture_from_counts, all
+# a measured run has) understates them (bench/ngram_replay.py shows both).
+
+@dataclass
+class MixturePoint:
+    k: int
+    draft_probability: float  # share of decode steps that carry a draft
+    accepted_given_draft: float  # mean tokens accepted on a step that drafted, at K
+    tokens_per_step: float  # 1 + draft_probability x accepted_given_draft: tokens a decode step emits at K
+
+
+@dataclass
+class Mixture:
+    """The two halves of a model-free drafter's acceptance, per K, with what they rest on."""
+
+    k_max: int
+    num_drafts: int  # at k_max
+    decode_steps: int  # at k_max
+    draft_probability: float  # at k_max
+    per_k: list[MixturePoint]
+    basis: str  # what the counts come from: a replay of which outputs, or which measured run
+    lookup: tuple[int, int] | None = None  # n-gram: (prompt_lookup_min, prompt_lookup_max); None for suffix
+    notes: list[str] = field(default_factory=list)
+    # Acceptance of draft position i per decode step (a step without a draft accepts nothing): what the speedup
+    # stage sums into tokens per step; 1 + sum(curve[:K]) is per_k[K-1].tokens_per_step (see mixture_from_runs).
+    curve: list[float] = field(default_factory=list)
+    per_k_runs: bool = False  # True: each K replayed on its own; False: every K read from one run at k_max
+
+    @property
+    def per_position(self) -> list[float]:
+        return list(self.curve)
+
+    def at(self, k: int) -> MixturePoint:
+        return self.per_k[min(max(int(k), 1), self.k_max) - 1]
+
+    def to_json(self) -> dict:
+        top = self.per_k[-1]
+        return {"k": self.k_max, "draft_probability": round(self.draft_probability, 4),
+                "accepted_per_draft": round(top.accepted_given_draft, 4),
+                "tokens_per_step": round(top.tokens_per_step, 4), "num_drafts": self.num_drafts,
+                "decode_steps": self.decode_steps, "basis": self.basis,
+                "lookup": list(self.lookup) if self.lookup else None, "notes": list(self.notes),
+                "per_k_runs": self.per_k_runs,
+                "per_k": [{"k": p.k, "draft_probability": round(p.draft_probability, 4),
+                           "accepted_given_draft": round(p.accepted_given_draft, 4),
+                           "tokens_per_step": round(p.tokens_per_step, 4),
+                           "priced_tokens_per_step": round(1.0 + sum(self.curve[:p.k]), 4)} for p in self.per_k]}
+
+
+def decode_steps_from_counters(output_tokens: int, num_accepted: int, requests: int) -> int:
+    """Decode steps of a run from vLLM's counters: every step emits 1 + its accepted tokens and each request's
+    first token comes from its prefill. A request whose last draft runs to its stop emits no bonus token after it
+    (vLLM counts the acceptance before the stop truncates), so the result is a lower bound by at most one step per
+    request, never below 0."""
+    return max(int(output_tokens) - int(num_accepted) - int(requests), 0)
+
+
+def _check_counts(num_drafts: int, num_accepted: int, decode_steps: int, k: int) -> None:
+    if num_drafts < 0 or decode_steps < 0 or num_accepted < 0:
+        raise DraftfitError(f"negative spec-decode counters (drafts {num_drafts}, decode steps {decode_steps})",
+                            fix="the run's counters are damaged: measure again")
+    if num_drafts and decode_steps == 0:
+        raise DraftfitError(f"{num_drafts} drafts in 0 decode steps", fix="the run's token counts are damaged")
+    if num_accepted > num_drafts * k:
+        raise DraftfitError(f"{num_accepted} accepted tokens from {num_drafts} drafts of at most {k} at K={k}",
+                            fix="the run's counters are damaged: measure again")
+
+
+def _draft_probability(num_drafts: int, decode_steps: int, notes: list[str]) -> float:
+    p = num_drafts / decode_steps if decode_steps else 0.0
+    if p > 1.0:  # counters near the stop of requests (decode_steps_from_counters): at most every step drafts
+        notes.append(f"{num_drafts} drafts over {decode_steps} decode steps derived from the counters: draft "
+                     "probability clamped to 1")
+        p = 1.0
+    return p
+
+
+def mixture_from_counts(per_position_accepted: list[int], num_drafts: int, decode_steps: int, *, basis: str,
+                        lookup: tuple[int, int] | None = None) -> Mixture:
+    """The mixture at every K <= len(per_position_accepted) from one run's counters: per_position_accepted[i] is
+    the number of drafts whose first i+1 tokens were all accepted (vLLM's num_accepted_tokens_per_pos). The draft
+    probability is the run's at every K (its steps are the K_max run's)."""
+    counts = [int(c) for c in per_position_accepted]
+    if not counts:
+        raise DraftfitError("no per-position acceptance counts to build the mixture from",
+                            fix="measure or replay with K >= 1")
+    if any(c < 0 for c in counts):
+        raise DraftfitError(f"negative spec-decode counters (per-position {counts})",
+                            fix="the run's counters are damaged: measure again")
+    _check_counts(num_drafts, sum(counts), decode_steps, len(counts))
+    if any(b > a for a, b in zip(counts, counts[1:])) or counts[0] > num_drafts:
+        raise DraftfitError("per-position accepted counts rise with the position or exceed the drafts",
+                            fix="acceptance is a prefix: the counts of a real run never rise; measure again")
+    notes: list[str] = []
+    p = _draft_probability(num_drafts, decode_steps, notes)
+    points, acc = [], 0
+    for k, c in enumerate(counts, 1):
+        acc += c
+        given = acc / num_drafts if num_drafts else 0.0
+        points.append(MixturePoint(k=k, draft_probability=p, accepted_given_draft=given,
+                                   tokens_per_step=1.0 + p * given))
+    curve = [c / num_drafts * p if num_drafts else 0.0 for c in counts]
+    return Mixture(k_max=len(counts), num_drafts=int(num_drafts), decode_steps=int(decode_steps),
+                   draft_probability=p, per_k=points, basis=basis, lookup=tuple(lookup) if lookup else None,
+                   notes=notes, curve=curve)
+
+
+def _non_increasing(values: list[float]) -> list[float]:
+    """The closest non-increasing sequence in least squares (pool adjacent violators): pooled blocks keep their
+    sum, so 1 + the sum up to the end of every block is unchanged."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            s, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += n
+    out: list[float] = []
+    for s, n in blocks:
+        out += [s / n] * n
+    return out
+
+
+def mixture_from_runs(runs: dict, *, basis: str, lookup: tuple[int, int] | None = None) -> Mixture:
+    """The mixture from one replay per K: runs[k] = (num_drafts, num_accepted, decode_steps) of the run at K, for
+    K = 1..K_max. Each K's draft probability and accepted length given a draft are its own run's. The speedup stage
+    sums a per-position curve whose partial sums must be the tokens per step at each K and must not rise with the
+    position; where two runs' increments do (replay noise, a few tenths of a percent), adjacent positions are pooled
+    and a note says how far the priced tokens per step move."""
+    ks = sorted(int(k) for k in runs)
+    if not ks or ks != list(range(1, ks[-1] + 1)):
+        raise DraftfitError(f"replays at K {ks} are not 1..K_max", fix="replay every K from 1 up")
+    points, notes = [], []
+    for k in ks:
+        drafts, accepted, steps = (int(x) for x in runs[k])
+        _check_counts(drafts, accepted, steps, k)
+        p = _draft_probability(drafts, steps, notes)
+        given = accepted / drafts if drafts else 0.0
+        points.append(MixturePoint(k=k, draft_probability=p, accepted_given_draft=given,
+                                   tokens_per_step=1.0 + p * given))
+    tokens = [1.0] + [pt.tokens_per_step for pt in points]
+    increments = [max(tokens[i + 1] - tokens[i], 0.0) for i in range(len(points))]
+    curve = _non_increasing(increments)
+    curve = [min(c, 1.0) for c in curve]
+    worst = max(abs(1 + sum(curve[:k]) - points[k - 1].tokens_per_step) / points[k - 1].tokens_per_step
+                for k in ks)
+    if worst > 0.005:
+        notes.append(f"the separate K replays' gains per extra position do not shrink steadily with K (or tokens "
+                     f"per step fall at a larger K); the priced curve pools neighbouring positions and never falls "
+                     f"(at most {worst:.1%} off a replay)")
+    top = runs[ks[-1]]
+    return Mixture(k_max=ks[-1], num_drafts=int(top[0]), decode_steps=int(top[2]),
+                   draft_probability=points[-1].draft_probability, per_k=points, basis=basis,
+                   lookup=tuple(lookup) if lookup else None, notes=notes, curve=curve, per_k_runs=True)

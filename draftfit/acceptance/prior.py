@@ -875,12 +875,13 @@ def measured_acceptance(target, draft, workload: str = "chat", temperature: floa
         if rate is not None:
             notes.append(f"draft acceptance rate at K={k}: {float(rate):.3f}")
         method = getattr(draft, "method", "")
-        if method in ("ngram", "suffix") and pp and result.output_tokens:
+        mixture = measured_mixture(result, run_id) if method in ("ngram", "suffix") else None
+        if mixture is not None:
             # A model-free drafter proposes nothing when the context has no match, so vLLM's per-draft rates
-            # overstate what a step yields: rescale to per target step (steps = output tokens - accepted).
-            steps = max(int(result.output_tokens) - int(result.num_accepted or 0), 1)
-            pp = [x * (result.num_drafts or 0) / steps for x in pp]
-            notes.append(f"{result.num_drafts} of {steps} target steps carried a {method} draft")
+            # overstate what a step yields: the mixture's per-decode-step curve (acceptance.curve.Mixture).
+            pp = mixture.per_position
+            notes.append(f"{mixture.num_drafts} of {mixture.decode_steps} decode steps carried a {method} draft")
+            notes += mixture.notes
         per_pos = pp + per_position_from_alpha(alpha, K_MAX)[len(pp):] if pp else per_position_from_alpha(alpha)
         if method in ("ngram", "suffix"):
             per_pos = pp or per_pos  # past the measured K a copy-based draft has nothing to extrapolate from
@@ -888,9 +889,27 @@ def measured_acceptance(target, draft, workload: str = "chat", temperature: floa
                                   high=round(max(high, alpha), 4), source=f"measured:{run_id}",
                                   citation=origin or f"draftfit store run {run_id}",
                                   relation=method if method in ("ngram", "suffix") else relation_of(target, draft),
-                                  mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3), notes=notes)
+                                  mean_acceptance_length_k4=round(tau_from_alpha(alpha, 4), 3), notes=notes,
+                                  mixture=mixture.to_json() if mixture is not None else None)
 
     return None
+
+
+def measured_mixture(result, run_id: str = "", lookup: tuple[int, int] | None = None):
+    """A stored ngram/suffix run's counters as the mixture (acceptance.curve.mixture_from_counts), or None where
+    the run lacks what it needs (per-position counts, output tokens). Decode steps come from the counters:
+    output tokens - accepted - one prefill token per prompt (decode_steps_from_counters)."""
+    pp = list(result.per_position_accepted or [])
+    if not pp or not result.output_tokens or not result.num_drafts:
+        return None
+    steps = curve_mod.decode_steps_from_counters(result.output_tokens, result.num_accepted or 0,
+                                                 result.num_prompts or 0)
+    try:
+        return curve_mod.mixture_from_counts(pp, int(result.num_drafts), steps, lookup=lookup,
+                                   basis=f"measured run {run_id or result.run_id} (vLLM counters: "
+                                         f"{result.num_prompts or '?'} prompts, {result.output_tokens} output tokens)")
+    except DraftfitError:  # counters that cannot be a real run's: price the run as a draft model's
+        return None
 
 
 def prior_acceptance(target, draft, workload: str = "chat", temperature: float = 0.0, *,

@@ -16,6 +16,9 @@ from pathlib import Path
 
 from draftfit.errors import DraftfitError, UnknownGpuError, UnknownModelError
 from draftfit.paths import CATALOG_DIR
+# Parameter counts live with the other shapes (catalog.shapes); re-exported for the callers that import them here.
+from draftfit.catalog.shapes import (LINEAR_SHAPE_FIELDS, attention_layer_params, linear_layer_params,  # noqa: F401
+                                     linear_layer_params_of, mla_attention_params, MLA_SHAPE_FIELDS)
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8": 1, "int8": 1, "auto": 2}
@@ -60,6 +63,11 @@ class ModelSpec:
     # qk_rope_head_dim values per token and layer, the same on every TP rank.
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
+    # MLA's other shapes (catalog.shapes.mla_attention_params): the query's low rank (0: a full-rank q_proj, as
+    # DeepSeek-V2-Lite), the non-rotary query/key width and the value width per head (0: head_dim).
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -677,6 +685,9 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
     # Parameter count from the shapes: attention (q_proj twice as wide with an output gate), gated-DeltaNet layers
     # (linear_layer_params), MLP (or experts), norms, embeddings.
     attn = attention_layer_params(hidden, heads, kv_heads, head_dim, gate)
+    if _pos_int(cfg.get("kv_lora_rank")):  # multi-head latent attention (DeepSeek-V2/V3): its own projections
+        attn = mla_attention_params({"hidden_size": hidden, "num_attention_heads": heads, "head_dim": head_dim,
+                                     **{k: _pos_int(cfg.get(k)) for k in MLA_SHAPE_FIELDS}})
     mlp = 3 * hidden * (moe_inter or inter) * (experts or 1) + (hidden * experts if experts else 0) \
         + 3 * hidden * shared_inter
     params = (layers - linear_layers) * attn + linear_layers * linear_layer_params(hidden, **lin) \
@@ -707,6 +718,8 @@ def spec_from_config(config: dict, *, name: str, hub_id: str = "", local_path: s
         linear_state_dtype=ssm_dtype if isinstance(ssm_dtype, str) and linear_layers else "",
         partial_rotary_factor=_partial_rotary(cfg), vision_params_b=round(vision / 1e9, 3),
         kv_lora_rank=_pos_int(cfg.get("kv_lora_rank")), qk_rope_head_dim=_pos_int(cfg.get("qk_rope_head_dim")),
+        q_lora_rank=_pos_int(cfg.get("q_lora_rank")), qk_nope_head_dim=_pos_int(cfg.get("qk_nope_head_dim")),
+        v_head_dim=_pos_int(cfg.get("v_head_dim")),
         method="eagle3" if "eagle3" in archs[0].lower() else "draft_model",
         draft_for=(verifier,) if verifier else (),
     )
@@ -744,36 +757,6 @@ def _flatten_speculators(config):
         except DraftfitError:
             target = ""
     return flat, target
-
-
-def attention_layer_params(hidden: int, heads: int, kv_heads: int, head_dim: int, gate: bool = False) -> int:
-    """One attention layer's projections, q, k, v and o: hidden x heads x head_dim for q and o, hidden x kv_heads x
-    head_dim for k and v; a gated q_proj (Qwen3-Next/3.5 attn_output_gate) emits the gate too, another q."""
-    q, kv = heads * head_dim, kv_heads * head_dim
-    return hidden * q * (3 if gate else 2) + hidden * kv * 2
-
-
-def linear_layer_params(hidden: int, *, linear_num_key_heads: int, linear_num_value_heads: int,
-                        linear_key_head_dim: int, linear_value_head_dim: int, linear_conv_kernel_dim: int) -> int:
-    """Parameters of one gated-DeltaNet layer as vLLM builds it (layers/mamba/gdn/qwen_gdn_linear_attn.py):
-    in_proj_qkvz (hidden -> 2 key_dim + 2 value_dim), in_proj_ba (hidden -> 2 value heads), the depthwise conv1d over
-    q, k, v (conv_kernel per channel), dt_bias and A_log per value head, the gated norm (one head's width) and
-    out_proj (value_dim -> hidden)."""
-    key_dim = linear_num_key_heads * linear_key_head_dim
-    value_dim = linear_num_value_heads * linear_value_head_dim
-    conv_dim = 2 * key_dim + value_dim
-    return (hidden * (2 * key_dim + 2 * value_dim) + hidden * 2 * linear_num_value_heads
-            + conv_dim * linear_conv_kernel_dim + 2 * linear_num_value_heads + linear_value_head_dim
-            + value_dim * hidden)
-
-
-LINEAR_SHAPE_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                       "linear_value_head_dim", "linear_conv_kernel_dim")
-
-
-def linear_layer_params_of(spec) -> int:
-    """linear_layer_params for a spec's own gated-DeltaNet shapes (0 shapes give the hidden-only terms)."""
-    return linear_layer_params(spec.hidden_size, **{k: getattr(spec, k, 0) or 0 for k in LINEAR_SHAPE_FIELDS})
 
 
 def _vision_params(vc) -> int:
@@ -960,14 +943,13 @@ def mtp_drafter(target: ModelSpec) -> ModelSpec | None:
     import dataclasses
 
     h = target.hidden_size
-    if target.kv_lora_rank:
-        layer = (target.params_b * 1e9 - 2 * target.vocab_size * h) / max(target.num_layers, 1)
-    else:
-        inter = target.moe_intermediate_size or target.intermediate_size
-        # The MoE MLP has its shared expert and router beside the routed experts.
-        layer = attention_layer_params(h, target.num_attention_heads, target.num_kv_heads, target.head_dim,
-                                       target.attn_output_gate) + 3 * h * inter * (target.num_experts or 1) \
-            + (3 * h * target.shared_expert_intermediate_size + h * target.num_experts if target.num_experts else 0)
+    inter = target.moe_intermediate_size or target.intermediate_size
+    # One of the target's MoE decoder layers (MLA's projections for DeepSeek-V3: catalog.shapes); the MoE MLP has its
+    # shared expert and router beside the routed experts.
+    attn = mla_attention_params(target) if target.kv_lora_rank else attention_layer_params(
+        h, target.num_attention_heads, target.num_kv_heads, target.head_dim, target.attn_output_gate)
+    layer = attn + 3 * h * inter * (target.num_experts or 1) \
+        + (3 * h * target.shared_expert_intermediate_size + h * target.num_experts if target.num_experts else 0)
     return dataclasses.replace(
         target, name=f"{target.name}-MTP", aliases=(), method="mtp", draft_for=(target.name,), num_layers=n,
         params_b=round(n * (layer + 2 * h * h) / 1e9, 3), family="mtp", num_nextn_predict_layers=0,

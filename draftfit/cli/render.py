@@ -87,3 +87,25 @@ def fmt_tokens(n) -> str:
     if n >= 1e3:
         return f"{n / 1e3:.0f}k"
     return str(int(n))
+
+
+def mixture_lines(m: dict) -> list[str]:
+    """--explain: an n-gram / suffix drafter's acceptance as the mixture it is, per K, carried to the speedup."""
+    window = f", lookup {m['lookup'][0]}-{m['lookup'][1]}" if m.get("lookup") else ""
+    how = "each K replayed on its own" if m.get("per_k_runs") else f"every K read from one run at K={m['k']}"
+    lines = [f"  mixture ({m.get('basis') or m.get('reference', '')}{window}; {how}): drafts on "
+             f"{fmt_num(m['draft_probability'] * 100, 0)}% of decode steps (draft probability "
+             f"{fmt_num(m['draft_probability'], 3)}, {m.get('num_drafts', '?')} of {m.get('decode_steps', '?')}), "
+             f"accepted length given a draft {fmt_num(m['accepted_per_draft'], 2)} tokens at K={m['k']}"]
+    at = f" at batch {m['speedup_batch']}" if m.get("speedup_batch") else ""
+    for p in m.get("per_k") or []:
+        sp = f", speedup{at} {fmt_num(p['speedup'])}x" if p.get("speedup") is not None else ""
+        best = "  <- best K" if m.get("best_k") == p["k"] else ""
+        priced = p.get("priced_tokens_per_step")
+        shown = (f" (priced at {fmt_num(priced, 2)})" if priced is not None
+                 and abs(priced - p["tokens_per_step"]) > 0.005 * p["tokens_per_step"] else "")
+        lines.append(f"    K={p['k']}: draft probability {fmt_num(p['draft_probability'], 3)} x accepted given a "
+                     f"draft {fmt_num(p['accepted_given_draft'], 2)} -> {fmt_num(p['tokens_per_step'], 2)} tokens "
+                     f"per step{shown}{sp}{best}")
+    lines += [f"    note: {n}" for n in m.get("notes") or []]
+    return lines

@@ -8,15 +8,19 @@ import click
 from draftfit.cli.render import table
 from draftfit.errors import DraftfitError
 from draftfit.layout import check_float
-from draftfit.pipeline import INCOMPATIBLE, NO_FIT, evaluate_pair, served_spec
+from draftfit.pipeline import INCOMPATIBLE, NO_FIT, evaluate_pair, resolve_drafter, served_spec
 from draftfit.serving import serving_load
 from draftfit.serving.traffic import Traffic, build_traffic
 
 DEFAULT_NUM_REQUESTS = 300
 
 
-def traffic_options(f):
-    """--request-rate / --concurrency, lengths, request log or prompts file, --num-requests, --seed, SLOs."""
+def traffic_options(f=None, *, prompts_file: bool = True):
+    """--request-rate / --concurrency, lengths, request log or prompts file, --num-requests, --seed, SLOs.
+    `prompts_file` False leaves --prompts-file to the command (rank's: logged requests with outputs, replayed for
+    n-gram / suffix, whose prompt lengths the command passes on as traffic_prompts_file under a load)."""
+    if f is None:
+        return lambda g: traffic_options(g, prompts_file=prompts_file)
     opts = [
         click.option("--request-rate", "request_rate", default=None, metavar="R[,R...]|auto",
                      help="Poisson request rate(s) in requests/s, as `vllm bench serve --request-rate`; a list sweeps; "
@@ -33,7 +37,7 @@ def traffic_options(f):
                           "lengths from your traffic."),
         click.option("--prompts-file", "traffic_prompts_file", default=None, metavar="FILE",
                      help="Your prompts (JSONL, as `draftfit measure --prompts-file`): prompt lengths estimated from "
-                          "their characters; output lengths from --output-len."),
+                          "their characters; output lengths from --output-len.") if prompts_file else None,
         click.option("--num-requests", type=int, default=DEFAULT_NUM_REQUESTS, show_default=True,
                      help="Requests per rate (vllm bench serve --num-prompts)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of lengths, arrivals, acceptance."),
@@ -41,7 +45,8 @@ def traffic_options(f):
         click.option("--slo-ttft-ms", type=float, default=None, help="Goodput: a request's TTFT at most this (ms)."),
     ]
     for opt in reversed(opts):
-        f = opt(f)
+        if opt is not None:
+            f = opt(f)
     return f
 
 
@@ -179,12 +184,15 @@ def plot_load(res, path: str) -> str:
     return path
 
 
-def load_for(layout, drafts: list, traffic: Traffic, kw: dict):
+def load_for(layout, drafts: list, traffic: Traffic, kw: dict, *, acceptance: dict | None = None):
     """serving_load for drafter names (or specs) on a built layout: each through pipeline.evaluate_pair first,
-    those vLLM refuses, that do not fit or have no acceptance left out (their reason is in the fixed-batch view)."""
+    those vLLM refuses, that do not fit or have no acceptance left out (their reason is in the fixed-batch view).
+    `acceptance`: method -> AcceptanceEstimate overriding the lookup (rank's replay of --prompts-file for n-gram and
+    suffix), as the fixed-batch view priced them."""
     pieces = []
     for d in drafts:
-        ev = evaluate_pair(layout, d)
+        spec = resolve_drafter(layout.target, d)
+        ev = evaluate_pair(layout, spec, acceptance=(acceptance or {}).get(spec.method))
         if ev.decision.action in (INCOMPATIBLE, NO_FIT) or ev.acceptance is None or ev.memory is None:
             continue
         pieces.append((ev.draft, ev.acceptance, ev.memory))

@@ -41,10 +41,15 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from draftfit.catalog.shapes import kv_bytes_per_token, kv_heads_per_rank  # noqa: F401 (moved; callers import here)
+# Shapes (dtype and weight-format bytes, parameter counts, weights, KV bytes per token, recurrent state) have one home,
+# catalog.shapes, which the speedup model reads too; the names stay importable from here for existing callers.
+from draftfit.catalog.shapes import (DTYPE_BYTES, QUANT_BYTES_PER_PARAM, VOCAB_PADDING, act_dtype,  # noqa: F401
+                                     attention_bytes_per_param, cdiv, kv_bytes_per_token, kv_dtype_bytes,
+                                     kv_heads_per_rank, linear_bytes_per_param, linear_state_bytes, padded_vocab,
+                                     weights_bytes_per_rank)
 from draftfit.errors import DraftfitError
 from draftfit.assets.models import is_ready, model_dir
-from draftfit.catalog.specs import (GpuSpec, layer_kinds, linear_layer_params_of, mtp_drafter, resolve_gpu,
+from draftfit.catalog.specs import (GpuSpec, layer_kinds, mtp_drafter, resolve_gpu,
                                     resolve_model, spec_from_config)
 from draftfit.errors import require
 from draftfit.locks import heavy_lock
@@ -55,55 +60,13 @@ from draftfit.engine.versions import CPU_ACCOUNTING_VERSION, MODELLED, rules_for
 
 GIB = 1024**3
 MIB = 1024**2
-VOCAB_PADDING = 64  # vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
 GPU_BLOCK_SIZE = 16
 CPU_BLOCK_SIZE = 128  # platforms/cpu.py: default when the user sets none
 
-DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
-               "fp8_e5m2": 1, "int8": 1}
-# Bytes per parameter of the linear layers (embedding, lm_head and norms stay in the activation dtype: vLLM's
-# quantization methods leave them alone). Keys are weight formats; catalog.specs.quantization_of maps a
-# config.json's quantization_config onto them, layout.QUANTIZATIONS are the ones a user may ask for.
-QUANT_BYTES_PER_PARAM = {
-    "none": None,  # the activation dtype
-    "fp8": 1.0 + 4 / 4096,  # 1 byte + a float32 scale per output channel of a 4096-wide layer
-    "fp8-block": 1.0 + 4 / (128 * 128),  # DeepSeek-V3's weight_block_size [128, 128]: a float32 scale per block
-    "int8": 1.0 + 4 / 4096,  # W8A8 int8 (compressed-tensors): a float32 scale per output channel
-    # 4-bit weights + a fp16 scale and a 4-bit zero point per group of 128 inputs
-    "awq": 0.5 + 2 / 128 + 0.5 / 128,
-    "gptq": 0.5 + 2 / 128 + 0.5 / 128 + 4 / 4096,  # + g_idx (int32 per input row), amortised
-    "gptq-8bit": 1.0 + 2 / 128 + 1.0 / 128 + 4 / 4096,
-    "w4a16": 0.5 + 2 / 128,  # compressed-tensors pack-quantized int4, symmetric: a bf16 scale per group of 128
-    # bitsandbytes nf4 with double quantization: 4 bits + an 8-bit absmax per 64 + a float32 per 256 absmaxes
-    "bitsandbytes": 0.5 + 1 / 64 + 4 / (64 * 256),
-    "bitsandbytes-8bit": 1.0 + 4 / 4096,  # LLM.int8(): int8 rows + a float32 scale per row
-    "mxfp4": 0.5 + 1 / 32,  # gpt-oss experts: 4-bit e2m1 + an e8m0 scale per 32 values
-}
 # What `--quantization X` does to an unquantized checkpoint: vLLM quantizes these while loading; the others need
 # a checkpoint already in that format (vLLM reads its quantization_config).
 ONLINE_QUANTIZATIONS = ("fp8", "bitsandbytes")
 
-
-def linear_bytes_per_param(spec, act_bytes: float, quantization: str = "none") -> float:
-    """Bytes one linear-layer parameter of `spec` takes on the GPU: the quantization asked for, else the
-    checkpoint's own (spec.quantization, from its quantization_config), else the activation dtype. The one
-    place both the memory plan and the speedup roofline's weight traffic read the quantized size from."""
-    fmt = quantization if quantization not in (None, "", "none", "auto") else (getattr(spec, "quantization", "")
-                                                                               or "none")
-    if fmt not in QUANT_BYTES_PER_PARAM:
-        raise DraftfitError(f"unknown quantization {fmt!r}", fix="use " + ", ".join(QUANT_BYTES_PER_PARAM))
-    return QUANT_BYTES_PER_PARAM[fmt] or act_bytes
-
-
-def attention_bytes_per_param(spec, act_bytes: float, quantization: str = "none") -> float:
-    """Bytes one attention-projection parameter takes: linear_bytes_per_param, except where the checkpoint's own
-    quantization_config leaves attention unconverted (spec.unquantized_attention: gpt-oss's mxfp4 converts the
-    experts only, `modules_to_not_convert: model.layers.*.self_attn`): then the activation dtype. A quantization
-    asked for on the command line converts every linear layer, as vLLM's online fp8 does."""
-    asked = quantization not in (None, "", "none", "auto")
-    if getattr(spec, "unquantized_attention", False) and not asked:
-        return act_bytes
-    return linear_bytes_per_param(spec, act_bytes, quantization)
 
 # Modelled terms (GPU). `sure`: derived from the vLLM source; `fit`: fitted to the 22 H200 engine starts in
 # draftfit/data/reference/memory/gpu_*.json (vLLM 0.26.0, `Actual usage is ...` lines); the test recomputes them all.
@@ -191,14 +154,6 @@ def _spec_get(spec, name, default=0):
     return getattr(spec, name, default) if not isinstance(spec, dict) else spec.get(name, default)
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def padded_vocab(vocab_size: int, pad_to: int = VOCAB_PADDING) -> int:
-    return cdiv(vocab_size, pad_to) * pad_to
-
-
 def check_tp(spec, tp: int, role: str = "target") -> None:
     heads, kv_heads = spec.num_attention_heads, spec.num_kv_heads
     if tp < 1:
@@ -214,21 +169,6 @@ def check_tp(spec, tp: int, role: str = "target") -> None:
     if kv_heads < tp and tp % kv_heads:
         raise DraftfitError(f"{role} {spec.name} has {kv_heads} KV heads; TP={tp} is not a multiple of it",
                             fix="use a TP that is a multiple or a divisor of the KV heads")
-
-
-def linear_state_bytes(spec, tp: int, act_bytes: int, num_speculative_tokens: int = 0) -> int:
-    """One gated-DeltaNet layer's recurrent state for one sequence on one TP rank, as vLLM 0.26 sizes it
-    (MambaSpec.page_size_bytes before padding): the causal-conv window, (conv_kernel - 1 + K) rows of the q/k/v
-    channels (mamba_utils.py gated_delta_net_state_shape: K = num_speculative_tokens with any drafter), in the
-    model dtype (mamba_cache_dtype auto), and the temporal state, value heads x value dim x key dim, in
-    mamba_ssm_cache_dtype (auto = the model dtype; Qwen3.5 configs name float32)."""
-    nk, nv = _spec_get(spec, "linear_num_key_heads", 0), _spec_get(spec, "linear_num_value_heads", 0)
-    dk, dv = _spec_get(spec, "linear_key_head_dim", 0), _spec_get(spec, "linear_value_head_dim", 0)
-    conv_dim = (2 * nk * dk + nv * dv) // tp
-    conv = (_spec_get(spec, "linear_conv_kernel_dim", 0) - 1 + num_speculative_tokens) * conv_dim * act_bytes
-    state_dtype = _spec_get(spec, "linear_state_dtype", "") or ""
-    ssm_bytes = DTYPE_BYTES.get(state_dtype, act_bytes) if state_dtype else act_bytes
-    return conv + (nv // tp) * dv * dk * ssm_bytes
 
 
 # ----------------------------------------------------------------------------------------------- KV-cache groups
@@ -447,124 +387,6 @@ def max_in_flight_tokens(draft, max_num_batched_tokens: int, rules: VllmRules | 
     return batches * max_num_batched_tokens
 
 
-def _rotary_buffer_bytes(spec, act_bytes: int, max_position: int | None = None) -> int:
-    # RotaryEmbedding.cos_sin_cache: max_position x rotary_dim in the model dtype (a buffer, loaded
-    # with the weights). One per model (get_rope caches by parameters; target and draft rarely match).
-    positions = max_position or spec.max_position_embeddings or 0
-    factor = _spec_get(spec, "rope_scaling_factor", 0.0) or 1.0
-    # Partial rotary (Qwen3-Next's 0.25): the cache spans the rotated dimensions only.
-    rotary_dim = int(spec.head_dim * (_spec_get(spec, "partial_rotary_factor", 0.0) or 1.0))
-    cache = int(positions * factor) * rotary_dim * act_bytes
-    # Gemma-3: the sliding layers' own rope (rope_local_base_freq), unscaled, is a second buffer.
-    local = positions * spec.head_dim * act_bytes if _spec_get(spec, "rope_local_base_freq", 0.0) else 0
-    return cache + local
-
-
-def weights_bytes_per_rank(spec, tp: int, act_bytes: int, quantization: str = "none",
-                           max_position: int | None = None, load_format: str = "auto") -> dict:
-    """Bytes of parameters (and load-time buffers) on one TP rank, as vLLM allocates them. `load_format` matters
-    for an EAGLE head only (_head_weights_bytes_per_rank: dummy weights share the target's lm_head)."""
-    linear_bpp = linear_bytes_per_param(spec, act_bytes, quantization)
-    attn_bpp = attention_bytes_per_param(spec, act_bytes, quantization)
-    if _spec_get(spec, "is_eagle", False):
-        return _head_weights_bytes_per_rank(spec, tp, act_bytes, linear_bpp, max_position,
-                                            own_lm_head=load_format != "dummy")
-    if _spec_get(spec, "kv_lora_rank", 0):
-        # MLA models (DeepSeek-V3/R1): low-rank q/kv projections and dense-then-MoE layers that the shape fields
-        # do not describe; the published parameter count, split over TP, is within a few % of vLLM's shards.
-        total = int(spec.params_b * 1e9 * linear_bpp / tp)
-        out = {"linear": total, "embedding": 0, "lm_head": 0, "norms_bias_router": 0,
-               "rotary_cache": _rotary_buffer_bytes(spec, act_bytes, max_position)}
-        out["total"] = sum(out.values())
-        return out
-    h, hd, L = spec.hidden_size, spec.head_dim, spec.num_layers
-    q_rank = spec.num_attention_heads // tp * hd
-    kv_rank = kv_heads_per_rank(spec, tp) * hd
-    # Gated-DeltaNet layers replace attention in some layers (linear_layer_params); a gated q_proj (Qwen3-Next/3.5
-    # attn_output_gate) also emits the gate, q wide.
-    attn_layers = _spec_get(spec, "attention_layers", L)
-    linear_params = (L - attn_layers) * linear_layer_params_of(spec) // tp
-    gate = q_rank if _spec_get(spec, "attn_output_gate", False) else 0
-    experts = _spec_get(spec, "num_experts", 0) or 0
-    inter = (_spec_get(spec, "moe_intermediate_size", 0) or spec.intermediate_size) if experts else spec.intermediate_size
-    qkv = h * (q_rank + gate + 2 * kv_rank)
-    o = q_rank * h
-    mlp = 3 * h * (inter // tp) * (experts or 1)
-    # An MoE layer's always-active shared expert is one more gated MLP (Qwen2-MoE's shared_expert_intermediate_size,
-    # DeepSeek's n_shared_experts x moe_intermediate_size), sharded like a dense MLP; Qwen2-MoE adds a 1-wide gate.
-    shared = (_spec_get(spec, "shared_expert_intermediate_size", 0) or 0) if experts else 0
-    mlp += 3 * h * (shared // tp)
-    # Qwen2-MoE and Qwen3-Next gate their shared expert (a 1-wide shared_expert_gate).
-    router = h * experts + (h if shared and any(f in (spec.family or spec.architecture).lower()
-                                                for f in ("qwen2", "qwen3_next", "qwen3next", "qwen3_5")) else 0)
-    # The layers an MoE config keeps dense (catalog.specs.dense_mlp_layers_of) hold one intermediate_size MLP and
-    # no router instead: all but ModelSpec.moe_layers.
-    moe_layers = _spec_get(spec, "moe_layers", L) if experts else 0
-    dense_layers = L - moe_layers if experts else 0
-    mlp_params = (moe_layers * mlp + dense_layers * 3 * h * (spec.intermediate_size // tp)) if experts else L * mlp
-    router_params = moe_layers * router if experts else 0
-    qkv_bias = L * (q_rank + 2 * kv_rank) if "qwen2" in (spec.family or spec.architecture).lower() else 0
-    qk_norm = attn_layers * 2 * hd if "qwen3" in (spec.family or spec.architecture).lower() else 0
-    norms = L * 2 * h + h + qk_norm
-    vocab_rank = padded_vocab(spec.vocab_size) // tp
-    embed = vocab_rank * h
-    lm_head = 0 if spec.tie_word_embeddings else vocab_rank * h
-    # A vision tower (Qwen3.5) loads with the model unless --language-model-only; vLLM keeps it in the model
-    # dtype under weight quantization (its quantization_config ignores it), so it is sized at act_bytes.
-    vision = int(_spec_get(spec, "vision_params_b", 0.0) * 1e9 / tp) * act_bytes
-    out = {
-        "linear": int(attn_layers * (qkv + o) * attn_bpp + mlp_params * linear_bpp + linear_params * linear_bpp),
-        "vision": vision,
-        "embedding": embed * act_bytes,
-        "lm_head": lm_head * act_bytes,
-        "norms_bias_router": (norms + qkv_bias + router_params) * act_bytes,
-        "rotary_cache": _rotary_buffer_bytes(spec, act_bytes, max_position),
-    }
-    out["total"] = sum(out.values())
-    return out
-
-
-def _head_weights_bytes_per_rank(spec, tp: int, act_bytes: int, linear_bpp: float, max_position,
-                                 own_lm_head: bool = True) -> dict:
-    """A head that drafts from the target's hidden states, as vLLM builds it.
-
-    EAGLE-3 (model_executor/models/llama_eagle3.py): the first decoder layer's qkv_proj reads the embedding
-    and the fused hidden state side by side (2 x hidden inputs); `fc` fuses three target hidden states
-    (3 x target_hidden_size -> hidden, a ReplicatedLinear: whole on every rank); lm_head has draft_vocab_size
-    rows, with d2t (int64) and t2d (bool) maps. The proposer shares the target's embedding when the widths
-    match (v1/spec_decode/llm_base_proposer.py _maybe_share_embeddings) and frees the head's own; a narrower
-    head keeps its own. The lm_head stays the head's own only when its checkpoint loads one: the proposer
-    (_maybe_share_lm_head) keeps it where load_weights saw an lm_head (models/utils.py process_eagle_weight sets
-    has_own_lm_head), so under load_format=dummy, which loads nothing, the head drafts with the target's lm_head
-    (its logits cut to draft_vocab_size columns) and holds none of its own (`own_lm_head` False): Llama-3.1-8B + an
-    EAGLE-3 head loaded 15.55 GiB under dummy weights, 0.24 GiB (its 32000 x 4096 lm_head) under its layers' size.
-    MTP (method mtp): the target's own next-token layers, one decoder layer each plus eh_proj (2 x hidden ->
-    hidden); embedding and lm_head are shared with the target."""
-    h, L = spec.hidden_size, spec.num_layers
-    out = {"linear": 0, "embedding": 0, "lm_head": 0, "norms_bias_router": 0,
-           "rotary_cache": _rotary_buffer_bytes(spec, act_bytes, max_position)}
-    if _spec_get(spec, "method", "") == "mtp":
-        # params_b of an MTP drafter counts its layers and eh_proj only (catalog.specs.mtp_drafter).
-        out["linear"] = int(spec.params_b * 1e9 * linear_bpp / tp)
-        out["norms_bias_router"] = L * 4 * h * act_bytes
-    else:
-        q_rank = spec.num_attention_heads // tp * spec.head_dim
-        kv_rank = kv_heads_per_rank(spec, tp) * spec.head_dim
-        first = 2 * h * (q_rank + 2 * kv_rank) + q_rank * h + 3 * h * (spec.intermediate_size // tp)
-        rest = h * (q_rank + 2 * kv_rank) + q_rank * h + 3 * h * (spec.intermediate_size // tp)
-        out["linear"] = int((first + (L - 1) * rest) * linear_bpp)
-        target_h = _spec_get(spec, "target_hidden_size", 0) or h
-        fc = 3 * target_h * h
-        draft_vocab = _spec_get(spec, "draft_vocab_size", 0) or spec.vocab_size
-        out["lm_head"] = padded_vocab(draft_vocab) // tp * h * act_bytes if own_lm_head else 0
-        # Own embedding only when it cannot be the target's (another width).
-        out["embedding"] = (padded_vocab(spec.vocab_size) // tp * h * act_bytes) if target_h != h else 0
-        maps = draft_vocab * 8 + spec.vocab_size  # d2t int64, t2d bool
-        out["norms_bias_router"] = (fc + L * 3 * h + h) * act_bytes + maps
-    out["total"] = sum(out.values())
-    return out
-
-
 # ----------------------------------------------------------------------------------------------- result
 
 @dataclass
@@ -629,26 +451,11 @@ def _gib(b: float) -> float:
 
 
 def _act_bytes(dtype: str, spec, backend: str) -> tuple[str, int]:
-    if dtype in (None, "", "auto"):
-        dt = (spec.dtype or "bfloat16").replace("torch.", "")
-        # vLLM's 'auto' keeps a float16/bfloat16 checkpoint dtype; float32 checkpoints run in bf16 on GPU.
-        if dt in ("float32", "float") and backend == "gpu":
-            dt = "bfloat16"
-    else:
-        dt = dtype
-    if dt not in DTYPE_BYTES:
-        raise DraftfitError(f"unknown dtype {dtype!r}", fix="use auto, bfloat16, float16 or float32")
-    return dt, DTYPE_BYTES[dt]
+    return act_dtype(dtype, spec, backend)
 
 
 def _kv_dtype_bytes(kv_cache_dtype: str, act_bytes: int) -> int:
-    if kv_cache_dtype in (None, "", "auto"):
-        return act_bytes
-    if kv_cache_dtype.startswith("fp8"):
-        return 1
-    if kv_cache_dtype in DTYPE_BYTES:
-        return DTYPE_BYTES[kv_cache_dtype]
-    raise DraftfitError(f"unknown KV cache dtype {kv_cache_dtype!r}", fix="use auto or fp8")
+    return kv_dtype_bytes(kv_cache_dtype, act_bytes)
 
 
 def logged_kv_tokens(num_blocks: int, max_model_len: int, block_size: int) -> int:

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from draftfit.acceptance.curve import expected_tokens_per_step, extend_curve
+from draftfit.catalog.shapes import act_dtype, kv_dtype_bytes
 from draftfit.catalog.specs import ModelSpec
 from draftfit.engine import EngineTarget
 from draftfit.engine.methods import speculative_method
@@ -275,7 +276,7 @@ def serving_load(layout: Layout, target: ModelSpec, drafters: list, traffic: Tra
     if not base_plan.fits:
         raise DraftfitError(f"{target.name} does not fit on {layout.gpu.name} x{layout.tp}: {base_plan.reason}",
                             fix=base_plan.fix or "pass a larger --tp or a GPU with more memory", exit_code=1)
-    kvd = 1 if layout.kv_cache_dtype.startswith("fp8") else 2
+    kvd = kv_dtype_bytes(layout.kv_cache_dtype, act_dtype(layout.dtype, target)[1])  # as the memory plan sizes KV
     rates: list = list(traffic.rates) or ([] if traffic.auto else [None])
     out, notes = [], list(traffic.notes)
     sat = None

@@ -19,10 +19,11 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from draftfit.catalog.shapes import flops_per_token
 from draftfit.catalog.specs import NO_MODEL_METHODS
 from draftfit.speedup.stepcost import (BANDWIDTH_EFFICIENCY, CUDAGRAPH_MAX_TOKENS, FLOPS_EFFICIENCY, eager_host_ms,
-                                       flops_per_token, kv_bytes_per_token_per_rank, row_context_len,
-                                       step_cost_model, weight_bytes_per_rank)
+                                       kv_bytes_per_token_per_rank, row_context_len, step_cost_model,
+                                       weight_bytes_per_rank)
 
 # Batch sizes the step costs are read at; between them the step is linear in the batch (a step is a fixed part
 # plus a part per sequence), past the last one extrapolated along the last segment.

@@ -284,7 +284,10 @@ def prompt_lengths_from_file(path) -> LengthDist:
     up = load_prompts_file(path)
     lens = []
     for r in up.requests:
-        chars = len(r.prompt) if r.kind == "prompt" else sum(len(c) + 8 for _, c in r.messages)
+        msgs = list(r.messages)
+        if len(msgs) > 1 and msgs[-1][0] == "assistant":  # a logged answer (rank --prompts-file), not the prompt
+            msgs.pop()
+        chars = len(r.prompt) if r.kind == "prompt" else sum(len(c) + 8 for _, c in msgs)
         lens.append(max(1, int(round(chars / CHARS_PER_TOKEN))))
     return LengthDist("empirical", values=tuple(lens), text=f"prompts file {up.path.name} (~{CHARS_PER_TOKEN:g} chars/token)")
 

@@ -184,11 +184,14 @@ def check_invariants(target: str, draft: str, batch: int, base_step_ms: float, p
 
 def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,), k_values=range(1, 9),
                     context_len: int = 1024, calibration_dir=None, correction=None,
-                    rules: VllmRules | None = None, kv_dtype_bytes: int = 2) -> SpeedupPrediction:
+                    rules: VllmRules | None = None, kv_dtype_bytes: int = 2,
+                    predictor: str | None = None) -> SpeedupPrediction:
     """Predicted TPOT speedup for each K and batch size, best K per batch, band, verdict and K schedule.
     correction: an optional learned correction (speedup.correction.load_default()), passed in by the caller;
     off by default because cross-validation has not shown it beating the roofline (docs/benchmarks.md).
-    rules: the Layout's engine.rules (whose step-cost tables; None: 0.26's tables, band as calibrated)."""
+    rules: the Layout's engine.rules (whose step-cost tables; None: 0.26's tables, band as calibrated).
+    predictor: a name in stepcost.PREDICTORS to force one ('roofline' where a table exists); None lets
+    stepcost.select_predictor choose."""
     ks = sorted({int(k) for k in k_values})
     if not ks or ks[0] < 1:
         raise DraftfitError("K values must be 1 or more", fix="e.g. --k 4, or leave --k out for 1..8")
@@ -198,7 +201,7 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
     acc, alpha, acc_lo, acc_hi, acc_src = _acceptance_parts(acceptance)
     model = step_cost_model(target, draft, gpu, batches=batches, k_values=ks, tp=tp, context_len=context_len,
                             calibration_dir=calibration_dir, rules=rules,
-                            kv_dtype_bytes=kv_dtype_bytes)
+                            kv_dtype_bytes=kv_dtype_bytes, predictor=predictor)
     # The richest table the step costs came from: its measured speedups are shown beside the predictions.
     table = model.tables[0] if model.source.startswith("calibrated") and model.tables else None
     out: dict = {}

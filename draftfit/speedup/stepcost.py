@@ -31,16 +31,17 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from draftfit.errors import DraftfitError
 from draftfit.calibration import drain as _drain_module, tables as _tables_module
 from draftfit.calibration.tables import (CALIBRATION_DIR, DEFAULT_TABLE_VLLM, PooledSteps, find_tables, load_tables,
                                          model_spec as resolve, tables_of_version)
 from draftfit.paths import cache_dir, read_json, write_json_atomic
-from draftfit.catalog.shapes import kv_bytes_per_token
-from draftfit.catalog.specs import GpuSpec, attention_layer_params, linear_layer_params_of, resolve_gpu
-from draftfit.memory.plan import (attention_bytes_per_param, linear_bytes_per_param, linear_state_bytes,
-                                  model_runner, weights_bytes_per_rank as weights_bytes_per_rank_plan)
+from draftfit.catalog.shapes import (expert_coverage, expert_params_per_layer, flops_per_token,  # noqa: F401
+                                     kv_bytes_per_token, linear_state_bytes, streamed_weight_bytes_per_rank)
+from draftfit.catalog.specs import GpuSpec, resolve_gpu
+from draftfit.memory.plan import model_runner
 from draftfit.engine.flags import flag_list
 from draftfit.speedup.loop_factor import draft_loop_factor
 from draftfit.engine import resolve_target
@@ -231,86 +232,11 @@ def model_spec(model):
     return resolve(model)
 
 
-def _dtype_bytes(spec) -> float:
-    return {"float32": 4, "float16": 2, "bfloat16": 2}.get(getattr(spec, "dtype", "bfloat16"), 2)
-
-
-def expert_coverage(num_experts: int, top_k: int, tokens: int) -> float:
-    """Expected number of distinct experts that `tokens` tokens route to, each choosing top_k of num_experts
-    (uniform, independent routing): E(1 - (1 - k/E)^T). One token reads exactly k; a step of many tokens
-    reads nearly all E. A decode step streams each routed expert's weights once (vLLM's fused_moe groups the
-    step's tokens by expert), so this, not top_k, sets an MoE layer's weight traffic."""
-    if num_experts <= 0 or tokens <= 0:
-        return 0.0
-    k = min(max(top_k, 1), num_experts)
-    return num_experts * (1.0 - (1.0 - k / num_experts) ** tokens)
-
-
-def expert_params_per_layer(spec) -> int:
-    """One routed expert of one layer: gate, up and down projections (3 x hidden x moe_intermediate_size)."""
-    return 3 * spec.hidden_size * (spec.moe_intermediate_size or spec.intermediate_size)
-
-
-def _moe_always_read_params_per_layer(spec) -> int:
-    """What every token of an MoE layer reads besides its routed experts: the router (hidden x experts) and
-    the shared expert(s) (Qwen2-MoE's gated shared expert, DeepSeek's n_shared_experts), read every step."""
-    return spec.hidden_size * (spec.num_experts + 3 * spec.shared_expert_intermediate_size)
-
-
-def _mlp_params(spec, routed_per_layer: float) -> float:
-    """MLP parameters over all layers: `routed_per_layer` in each MoE layer (what a step reads or multiplies of its
-    experts, router and shared experts), an intermediate_size-wide dense MLP in every other layer."""
-    dense_mlp = 3 * spec.hidden_size * spec.intermediate_size
-    return spec.moe_layers * routed_per_layer + (spec.num_layers - spec.moe_layers) * dense_mlp
-
-
-def _mixer_params(spec) -> float:
-    """Token-mixing parameters over all layers: gated or plain attention (q, k, v, o; a gated q_proj is twice q
-    wide) in the attention layers, the gated-DeltaNet projections (catalog.specs.linear_layer_params) in the
-    linear-attention ones (Qwen3-Next, Qwen3.5)."""
-    h = spec.hidden_size
-    attn = attention_layer_params(h, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim, spec.attn_output_gate)
-    linear = spec.linear_attention_layers
-    gdn = linear_layer_params_of(spec) if linear else 0
-    return spec.attention_layers * attn + linear * gdn
-
-
 def weight_bytes_per_rank(spec, tp: int, tokens: int = 1) -> float:
-    """Bytes a forward pass over `tokens` new tokens streams from HBM for the weights: all layers + LM head
-    (embedding rows are gathered, not streamed). Tensor parallelism splits them evenly. A dense model reads
-    every weight whatever the token count; an MoE layer reads its attention, router and shared experts, and
-    the routed experts the step's tokens cover (expert_coverage): top_k of them for one token, up to all."""
-    h = spec.hidden_size
-    routed = 0.0
-    if spec.is_moe:  # the routed layers; dense_mlp_layers keep a dense MLP (DeepSeek-V3's first three)
-        experts_read = expert_coverage(spec.num_experts, spec.num_experts_per_tok, tokens)
-        routed = expert_params_per_layer(spec) * experts_read + _moe_always_read_params_per_layer(spec)
-    mlp_total = _mlp_params(spec, routed)
-    if spec.method.startswith("eagle"):
-        # An EAGLE head (fc fusion, its own narrow lm_head, maybe its own embedding): memory.plan sizes its
-        # parts; a pass streams all of them but the embedding rows, which are gathered.
-        w = weights_bytes_per_rank_plan(spec, tp, _dtype_bytes(spec))
-        return float(w["total"] - w["embedding"] - w["rotary_cache"])
-    # The linear layers in the checkpoint's (or --quantization's) format, attention where the checkpoint leaves it
-    # unconverted and the LM head in the model dtype.
-    linear_bpp = linear_bytes_per_param(spec, _dtype_bytes(spec))
-    attn_bpp = attention_bytes_per_param(spec, _dtype_bytes(spec))
-    return (_mixer_params(spec) * attn_bpp + mlp_total * linear_bpp + spec.vocab_size * h * _dtype_bytes(spec)) / tp
-
-
-def flops_per_token(spec, context_len: int, tp: int) -> float:
-    h = spec.hidden_size
-    q = spec.num_attention_heads * spec.head_dim
-    routed = 0.0
-    if spec.is_moe:  # each token multiplies by its top_k experts, the router and the shared experts
-        routed = expert_params_per_layer(spec) * max(spec.num_experts_per_tok, 1) \
-            + _moe_always_read_params_per_layer(spec)
-    dense = _mixer_params(spec) + _mlp_params(spec, routed) + spec.vocab_size * h
-    attn = spec.attention_layers * 4 * q * context_len  # QK^T and PV, in the layers that keep KV
-    # A gated-DeltaNet layer updates and reads its value x key state per token and value head (~4 flops each).
-    state = spec.linear_attention_layers * 4 * spec.linear_num_value_heads * spec.linear_value_head_dim \
-        * spec.linear_key_head_dim
-    return (2 * dense + attn + state) / tp
+    """Bytes a forward pass over `tokens` new tokens streams for the weights on one rank (catalog.shapes, the one
+    home the memory plan reads too: every weight of a dense model, an MoE layer's router, shared experts and the
+    routed experts its tokens cover), in the checkpoint's (or the layout's --quantization) format."""
+    return streamed_weight_bytes_per_rank(spec, tp, tokens)
 
 
 def kv_bytes_per_token_per_rank(spec, tp: int, kv_dtype_bytes: int = 2) -> float:
@@ -847,14 +773,75 @@ def graph_limit_note(target, draft, *, batches, k_values) -> str | None:
             f"measured on an H200 host with vLLM 0.26: docs/benchmarks.md eager-launch)")
 
 
-def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
-                    context_len: int = 1024, calibration_dir=None, rules: VllmRules | None = None,
-                    kv_dtype_bytes: int = 2) -> StepCostModel:
-    """Step costs per batch: the layout's calibration tables of `rules`' version (rules.tables_key; 0.26's when None),
-    else the roofline prior with that version's fitted overheads. A version with no tables at all, or a drafting
-    method its tables do not measure, gets 0.26's tables or overheads with the band widened."""
-    t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
-    ks = list(k_values)
+class Predictor(Protocol):
+    """What prices a step (issue 37; vidur's execution_time_predictor registry is the model): step costs at one batch
+    size for K drafts, as a StepCost whose source says which predictor made them. select_predictor is the one place
+    that picks one for a layout; step_cost_model (and through it predict_speedup, rank, the pipeline, `speedup`) only
+    calls predict()."""
+
+    name: str
+
+    def predict(self, target, draft, gpu, *, batch: int, k_values, tp: int, context_len: int) -> StepCost:
+        ...
+
+
+@dataclass(frozen=True)
+class RooflinePredictor:
+    """The roofline prior (prior_step_cost): weights and KV over bandwidth, FLOPs over throughput, vLLM's host terms
+    with `overheads` fitted on a version's tables; `rules` (a VllmRules) set the runner rules of head drafters."""
+
+    overheads: dict
+    rules: VllmRules | None = None
+    kv_dtype_bytes: int = 2
+    name: str = "roofline"
+
+    def predict(self, target, draft, gpu, *, batch: int, k_values, tp: int, context_len: int) -> StepCost:
+        return prior_step_cost(target, draft, gpu, batch=batch, k_values=k_values, tp=tp, context_len=context_len,
+                               overheads=self.overheads, kv_dtype_bytes=self.kv_dtype_bytes,
+                               rules=self.rules)
+
+
+@dataclass(frozen=True)
+class CalibratedPredictor:
+    """A pair's measured step costs (calibration.tables: calibrated_step_cost's line over K, interpolation in batch,
+    the roofline's shape past the measured batches); where the table cannot answer, `fallback`."""
+
+    table: object  # PooledSteps
+    overheads: dict
+    fallback: RooflinePredictor
+    name: str = "calibrated"
+
+    def predict(self, target, draft, gpu, *, batch: int, k_values, tp: int, context_len: int) -> StepCost:
+        sc = calibrated_step_cost(self.table, target, draft, gpu, batch=batch, k_values=k_values, tp=tp,
+                                  context_len=context_len, overheads=self.overheads)
+        if sc is None:
+            sc = self.fallback.predict(target, draft, gpu, batch=batch, k_values=k_values, tp=tp,
+                                       context_len=context_len)
+        return sc
+
+
+PREDICTORS = {"roofline": RooflinePredictor, "calibrated": CalibratedPredictor}  # the registry, by name
+
+
+@dataclass(frozen=True)
+class PredictorChoice:
+    """select_predictor's answer: the predictor and what it was chosen from (step_cost_model's notes read them)."""
+
+    predictor: Predictor
+    tables: list  # the calibration tables of the fitted version read (empty: none)
+    overheads: dict  # fitted_overheads for the version and method
+    measured_method: bool  # the drafter's method is the one the tables measure (draft_model)
+
+
+def select_predictor(t, d, g, *, tp: int, calibration_dir=None, rules: VllmRules | None = None,
+                     kv_dtype_bytes: int = 2, predictor: str | None = None) -> PredictorChoice:
+    """The one place a layout's predictor is chosen: the pair's calibration tables of `rules`' version
+    (rules.tables_key; 0.26's when None) if there are any (CalibratedPredictor), else the roofline prior with that version's
+    fitted overheads. A version with no tables at all, or a drafting method its tables do not measure, gets 0.26's
+    tables or overheads (step_cost_model widens the band). `predictor` 'roofline' skips the tables (scoring the prior
+    where a table exists: bench/speedup.py); None or 'calibrated' uses them where they exist."""
+    if predictor not in (None, *PREDICTORS):
+        raise DraftfitError(f"unknown step-cost predictor {predictor!r}", fix="use " + " or ".join(PREDICTORS))
     wanted = rules.tables_key if rules is not None else None
     tables = find_tables(t.name, d.name, g.name, tp, calibration_dir, tables_key=wanted)
     # The 0.33 tables measure draft_model, whose V2 speculator runs eagerly; EAGLE-3/MTP heads there run the
@@ -870,18 +857,33 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         # vLLM 0.33 took 47; the 0.33 prior, fitted without that pair, is within 25 % on average
         # (bench/speedup.py). Otherwise another version's table stands in and the band is widened below.
         tables = own
-    table = PooledSteps(tables) if tables else None
+    if predictor == "roofline":
+        tables = []
     # Which vLLM's runner rules a head drafter follows (head_on_async_runner): the one asked for, else the overheads'.
-    runner_rules = rules or _fit_rules(ov)
+    roofline = RooflinePredictor(overheads=ov, rules=rules or _fit_rules(ov), kv_dtype_bytes=kv_dtype_bytes)
+    chosen = CalibratedPredictor(PooledSteps(tables), ov, roofline) if tables else roofline
+    return PredictorChoice(predictor=chosen, tables=tables, overheads=ov, measured_method=measured_method)
+
+
+def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), tp: int = 1,
+                    context_len: int = 1024, calibration_dir=None, rules: VllmRules | None = None,
+                    kv_dtype_bytes: int = 2, predictor: str | None = None) -> StepCostModel:
+    """Step costs per batch from the layout's predictor (select_predictor: the calibration tables of `rules`' version,
+    rules.tables_key, 0.26's when None, else the roofline prior), with the notes that say what they rest on. A version
+    with no tables at all, or a drafting method its tables do not measure, gets 0.26's tables or overheads with the
+    band widened."""
+    t, d, g = model_spec(target), model_spec(draft), gpu_spec(gpu)
+    ks = list(k_values)
+    choice = select_predictor(t, d, g, tp=tp, calibration_dir=calibration_dir, rules=rules,
+                              kv_dtype_bytes=kv_dtype_bytes, predictor=predictor)
+    tables, ov, measured_method = choice.tables, choice.overheads, choice.measured_method
+    table = choice.predictor.table if isinstance(choice.predictor, CalibratedPredictor) else None
+    wanted = rules.tables_key if rules is not None else None
+    fit_version = ov.get("vllm_version", DEFAULT_TABLE_VLLM)
+    runner_rules = rules or _fit_rules(ov)  # head drafters' runner rules: the ones asked for, else the overheads'
     per_batch, notes = {}, []
     for b in batches:
-        sc = calibrated_step_cost(table, t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len,
-                                  overheads=ov) if table else None
-        if sc is None:
-            sc = prior_step_cost(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len, overheads=ov,
-                                 kv_dtype_bytes=kv_dtype_bytes,
-                                 rules=runner_rules)
-        per_batch[b] = sc
+        per_batch[b] = choice.predictor.predict(t, d, g, batch=b, k_values=ks, tp=tp, context_len=context_len)
     sources = {sc.source for sc in per_batch.values()}
     if table is None:
         fitted = (f"overheads fitted on {ov['n_spec']} calibrated vLLM {ov.get('vllm_version', DEFAULT_TABLE_VLLM)} "

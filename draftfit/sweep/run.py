@@ -23,6 +23,8 @@ from typing import Callable
 from draftfit.errors import DraftfitError, MissingDependencyError
 from draftfit.acceptance.store import MeasurementStore, RunRecord, now_iso
 from draftfit.calibration.tables import ingest_results
+from draftfit.acceptance.measure import fake
+from draftfit.acceptance.measure.base import FAKE_ENV
 from draftfit.layout import check_int
 import draftfit.sweep.tasks as tasks
 from draftfit.sweep.plan import CalibrationCell, CellStatus, MeasureCell, Placement, plan_placement
@@ -140,6 +142,12 @@ class _StoreSink:
     def __init__(self, store_path):
 
         self.store = MeasurementStore(store_path)
+        if fake.spec_from_env() is not None:  # the tasks will run the fake engine: not into a real store
+            try:
+                fake.refuse_real_store(self.store)
+            except DraftfitError:
+                self.store.close()
+                raise
 
     def finished(self, cell: MeasureCell) -> CellOutcome | None:
         rows = self.store.find_runs(cell.provenance, extra_match=cell.extra_provenance)
@@ -258,7 +266,8 @@ def run_sweep(cells: list, *, ray_address: str | None = None, store_path: str | 
             placement.engine_args = {}  # the calibration worker sets tensor_parallel_size itself (its spec's tp)
         for cell in cells if not calibrate else ():
             cell.extra_provenance["engine_args"] = dict(placement.engine_args) or None
-        env = {k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE",) if k in os.environ} if env is None else env
+        # The tests' fake-engine switch travels too: a task's process does not inherit this one's environment.
+        env = {k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE", FAKE_ENV) if k in os.environ} if env is None else env
         sink = _LaneSink(lanes_dir or "sweep-lanes", tables_dir, command) if calibrate else _StoreSink(store_path)
         result = SweepResult(kind=sink.kind, backend="ray", device=placement.device, ray_address=address,
                              started_local_ray=started, placement=placement, cells=[], wall_s=0.0)

@@ -22,6 +22,7 @@ import random
 import time
 
 from draftfit.errors import require
+from draftfit.acceptance.measure.base import MeasureRequest, RawCounts
 from draftfit.acceptance.measure.prompts import encode_chat, load_prompts
 
 
@@ -185,7 +186,7 @@ def estimate_hf(target_dir: str, draft_dir: str, *, workload: str, temperatures:
                 num_prompts: int = 6, max_tokens: int = 48, seed: int = 0, replicates: int = 4,
                 draft_sample: str = "greedy", progress: bool = True) -> dict:
     """Returns {'per_temperature': {T: {'groups': [...], 'output_tokens', 'seconds', 'extra'}},
-    'transformers_version', 'startup_s'} in the same shape as measure_vllm.run_vllm."""
+    'transformers_version', 'startup_s'} (base.RawCounts, as vllm.run_vllm)."""
     torch = require("torch")
     transformers = require("transformers")
 
@@ -262,3 +263,14 @@ def estimate_hf(target_dir: str, draft_dir: str, *, workload: str, temperatures:
             bar.stop()
     return {"per_temperature": per_temperature, "transformers_version": transformers.__version__,
             "startup_s": round(startup_s, 1)}
+
+
+class HfBackend:
+    """The transformers estimator behind the measurement seam (base.Backend): in this process, draft models only."""
+
+    name = "hf"
+
+    def run(self, req: MeasureRequest, *, progress: bool = True) -> RawCounts:
+        return estimate_hf(req.target, req.draft, workload=req.workload, temperatures=list(req.temperatures),
+                           k=req.k, num_prompts=req.num_prompts, max_tokens=req.max_tokens, seed=req.seed,
+                           progress=progress)

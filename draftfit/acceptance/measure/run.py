@@ -3,6 +3,7 @@ file each temperature's run in the store with its provenance. `draftfit measure`
 wrappers over run_measurement."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -12,10 +13,11 @@ from pathlib import Path
 
 from draftfit.errors import DraftfitError
 from draftfit.acceptance.curve import result_from_counts
-from draftfit.acceptance.measure.hf import estimate_hf
+from draftfit.acceptance.measure import fake
+from draftfit.acceptance.measure.base import Backend, MeasureRequest
+from draftfit.acceptance.measure.hf import HfBackend
 from draftfit.acceptance.measure.prompts import WORKLOADS, prompt_set_hash
-from draftfit.acceptance.measure import vllm as vllm_backend  # the module is the seam tests patch
-from draftfit.acceptance.measure.vllm import MeasureRequest
+from draftfit.acceptance.measure import vllm as vllm_backend
 from draftfit.acceptance.store import MeasurementStore, RunRecord, now_iso
 from draftfit.assets import models as fx
 from draftfit.assets.models import weights_fingerprint
@@ -29,6 +31,15 @@ MAX_TOKENS = 131_072
 MAX_SEED = 2**32 - 1
 MIN_MODEL_LEN_TOKENS, MAX_MODEL_LEN_TOKENS = 64, 1 << 20  # the pair's own max_position_embeddings is vLLM's to check
 from draftfit import locks
+
+
+def backend_for(name: str) -> Backend:
+    """The one place a backend is chosen (base.py): vLLM or the HF estimator, or the fake engine for both when
+    the tests' switch (base.FAKE_ENV) is set."""
+    spec = fake.spec_from_env()
+    if spec is not None:
+        return fake.FakeBackend(spec, name)
+    return vllm_backend.VllmBackend() if name == "vllm" else HfBackend()
 
 
 @dataclass
@@ -127,33 +138,33 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
                     **({"engine_args": dict(engine_args)} if engine_args else {}),
                     "VLLM_CPU_KVCACHE_SPACE": vllm_backend.ensure_kv_space(os.environ)["VLLM_CPU_KVCACHE_SPACE"]
                     } if backend == "vllm" else {}
+    engine = backend_for(backend)
+    faked = isinstance(engine, fake.FakeBackend)
+    if faked:  # labelled in every run it files, failed ones too (fake.py: the switch)
+        base["vllm_version"] = fake.FAKE_VERSION
+        engine_extra["fake_engine"] = json.loads(engine.spec.to_json())
     store = MeasurementStore(store_path)
+    if faked:
+        try:
+            fake.refuse_real_store(store)
+        except DraftfitError:
+            store.close()
+            raise
     wall_t0 = time.monotonic()  # reset once the heavy-job lock is ours: waiting is not measuring
     import transformers  # noqa: F401 - version for provenance; both backends load it anyway
 
     tf_version = transformers.__version__
     try:
-        if backend == "vllm":
-
-            prompt_ids = encode_requests(t_model.path, user_prompts) if user_prompts else None
-            req = MeasureRequest(target=str(t_model.path), draft=method or str(d_model.path), workload=workload,
-                                 temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
-                                 seed=seed, group_size=group_size, max_model_len=max_model_len,
-                                 prompt_ids=prompt_ids, top_p=top_p, engine_args=dict(engine_args or {}))
-            with locks.heavy_lock():
-                wall_t0 = time.monotonic()
-                raw = vllm_backend.run_vllm(req, progress=progress)
-            versions = {"vllm_version": raw["vllm_version"], "transformers_version": tf_version}
-        elif backend == "hf":
-
-            with locks.heavy_lock():
-                wall_t0 = time.monotonic()
-                raw = estimate_hf(str(t_model.path), str(d_model.path), workload=workload,
-                                  temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
-                                  seed=seed, progress=progress)
-            versions = {"vllm_version": "", "transformers_version": tf_version}
-        else:
-            raise DraftfitError(f"unknown backend {backend!r}", fix="use --backend vllm or --backend hf")
+        prompt_ids = encode_requests(t_model.path, user_prompts) if user_prompts else None
+        req = MeasureRequest(target=str(t_model.path), draft=method or str(d_model.path), workload=workload,
+                             temperatures=temperatures, k=k, num_prompts=num_prompts, max_tokens=max_tokens,
+                             seed=seed, group_size=group_size, max_model_len=max_model_len,
+                             prompt_ids=prompt_ids, top_p=top_p, engine_args=dict(engine_args or {}))
+        # The fake engine is not a heavy job: its tests must not queue behind a real engine.
+        with (contextlib.nullcontext() if faked else locks.heavy_lock()):
+            wall_t0 = time.monotonic()
+            raw = engine.run(req, progress=progress)
+        versions = {"transformers_version": tf_version, **({} if faked else {"vllm_version": raw.get("vllm_version") or ""})}
         wall_s = round(time.monotonic() - wall_t0, 1)
     except DraftfitError as exc:
         ids = [store.record_run(RunRecord(**base, temperature=t, status="failed", error=exc.one_line(),
@@ -204,6 +215,8 @@ def run_measurement(target: str, draft: str, *, workload: str, temperatures: lis
         record = RunRecord(**base, temperature=t, ended_at=now_iso(), extra=extra, **versions)
         run_id = store.record_run(record, res)  # may come back 'suspect' (store.suspect_reason)
         res.source = f"measured run {run_id} ({backend}, {store.path})"
+        if faked:
+            res.source = f"FAKE engine ({fake.FAKE_VERSION}, tests only): {res.source}"
         if record.status == "suspect":
             res.suspect = record.error
             res.source = f"SUSPECT {res.source}"

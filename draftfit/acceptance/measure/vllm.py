@@ -27,42 +27,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftfit.engine.methods import speculative_config
 from draftfit.engine.metrics import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS
 from draftfit.errors import DraftfitError
+from draftfit.acceptance.measure.base import MeasureRequest, MeasurementFailed, RawCounts
 from draftfit.acceptance.measure.prompts import encode_chat, load_prompts
 from draftfit.acceptance.method_prior import NGRAM_LOOKUP
 from draftfit.compat.tokenizers import check_pair
 from draftfit.catalog.specs import NO_MODEL_METHODS, resolve_model
 
 METRIC_DRAFTS, METRIC_DRAFT_TOKENS, METRIC_ACCEPTED, METRIC_PER_POS = DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS
-
-
-class MeasurementFailed(DraftfitError):
-    exit_code = 1
-
-
-@dataclass
-class MeasureRequest:
-    target: str  # local folder
-    draft: str
-    workload: str
-    temperatures: list[float]
-    k: int = 8
-    num_prompts: int = 6
-    max_tokens: int = 48
-    seed: int = 0
-    group_size: int = 1  # only without per-request metrics (old vLLM): prompts per llm.generate call
-    max_model_len: int = 2048
-    kv_cache_gib: int = 2
-    extra: dict = field(default_factory=dict)
-    prompt_ids: list | None = None  # the user's prompts, already encoded (user_prompts.encode_requests); else built-in
-    top_p: float = 1.0
-    # Extra vllm.LLM keyword arguments (EngineArgs names), applied last: a sweep's TP/PP and Ray executor.
-    engine_args: dict = field(default_factory=dict)
 
 
 def _snapshot(llm) -> dict:
@@ -331,10 +307,30 @@ def _exit_description(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-def run_vllm(req: MeasureRequest, *, progress: bool = True, timeout_s: float | None = None) -> dict:
-    """Spawn the worker, show progress, return {'vllm_version', 'startup_s', 'per_temperature': {...}}.
-    Raises MeasurementFailed with one line (the worker's last error) when the engine dies."""
+WORKER_MODULE = "draftfit.acceptance.measure.vllm"
+
+
+class VllmBackend:
+    """The measurement: vLLM's own counters from an engine in a worker subprocess (base.Backend)."""
+
+    name = "vllm"
+
+    def run(self, req: MeasureRequest, *, progress: bool = True) -> RawCounts:
+        return run_vllm(req, progress=progress)
+
+
+def run_vllm(req: MeasureRequest, *, progress: bool = True, timeout_s: float | None = None) -> RawCounts:
+    """Refuse a pair vLLM would refuse, then run the worker: {'vllm_version', 'startup_s', 'per_temperature',
+    'sampler_check'}. Raises MeasurementFailed with one line (the worker's last error) when the engine dies."""
     preflight_pair(req.target, req.draft)
+    return run_worker(req, WORKER_MODULE, progress=progress, timeout_s=timeout_s)
+
+
+def run_worker(req: MeasureRequest, module: str, *, progress: bool = True, timeout_s: float | None = None,
+               env_extra: dict | None = None, label: str = "vLLM worker") -> RawCounts:
+    """Spawn `python -m MODULE --worker SPEC MESSAGES` in its own session, follow its messages (ready, group,
+    temperature_done, done), and end it with this process. The fake engine (fake.py) runs through here too:
+    its worker speaks the same messages, so failure filing, progress and kills are tested on this code."""
     with tempfile.TemporaryDirectory(prefix="draftfit-measure-") as tmp:
         spec = Path(tmp) / "spec.json"
         spec.write_text(json.dumps(req.__dict__))
@@ -346,8 +342,9 @@ def run_vllm(req: MeasureRequest, *, progress: bool = True, timeout_s: float | N
         # In-process engine core: the expand-shim fix (module docstring) must live where the sampler runs.
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         env[PARENT_PID_ENV] = str(os.getpid())
+        env.update(env_extra or {})
         with open(log_path, "w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "draftfit.acceptance.measure.vllm", "--worker", str(spec), str(messages)],
+            proc = subprocess.Popen([sys.executable, "-m", module, "--worker", str(spec), str(messages)],
                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
                 state = _follow(proc, messages, req, progress, timeout_s)
@@ -355,7 +352,7 @@ def run_vllm(req: MeasureRequest, *, progress: bool = True, timeout_s: float | N
                 _kill(proc)
                 raise
         if state.get("done") is None:
-            raise MeasurementFailed(f"vLLM worker {_exit_description(proc.returncode)}: "
+            raise MeasurementFailed(f"{label} {_exit_description(proc.returncode)}: "
                                     f"{_last_error(log_path.read_text(errors='replace'))}",
                                     fix="lower --prompts/--max-tokens or max_model_len, set VLLM_CPU_KVCACHE_SPACE, "
                                         "and check the models load with vLLM")

@@ -10,7 +10,7 @@ from draftfit.errors import DraftfitError
 from draftfit.cli.render import json_option
 from draftfit.catalog.specs import NO_MODEL_METHODS, _normalize
 from draftfit.cli.render import console, emit_json, table
-from draftfit.cli.render import fmt_num, fmt_tokens
+from draftfit.cli.render import fmt_num, fmt_tokens, mixture_lines
 from draftfit.layout import check_int, check_name, parse_int_list
 from draftfit.rank import rank as run_rank
 from draftfit.cli.traffic_options import load_for, render_load, traffic_from, traffic_options
@@ -36,12 +36,17 @@ RANK_AT_TRAFFIC = 3  # candidates simulated at the user's traffic (the best by t
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache dtype: auto or fp8.")
 @click.option("--max-num-seqs", type=int, default=None,
               help="vLLM's max_num_seqs (default: vLLM's; draftfit lowers it only when nothing fits otherwise).")
+@click.option("--prompts-file", type=click.Path(dir_okay=False), default=None,
+              help="Your logged requests with their outputs (JSONL: {\"prompt\", \"completion\"}, chat messages ending "
+                   "in the assistant's answer, or OpenAI request/response rows): n-gram and suffix are priced at "
+                   "their replay over them, in the target's tokens; with --request-rate / --concurrency the "
+                   "traffic's prompt lengths come from them too (estimated from characters).")
 @click.option("--all", "show_all", is_flag=True,
               help="List every draft, incompatible and not fitting ones too (default: compatible ones and a count).")
-@traffic_options
+@traffic_options(prompts_file=False)  # rank's own --prompts-file above (logged outputs) serves both
 @json_option
 def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util, candidates, explain, vllm_version,
-         quantization, kv_cache_dtype, max_num_seqs, show_all, as_json, **traffic_kw):
+         quantization, kv_cache_dtype, max_num_seqs, prompts_file, show_all, as_json, **traffic_kw):
     """Rank catalog drafts for TARGET: tokenizer, memory, acceptance, best K, speedup, serve command."""
 
     target = check_name(target, "--target", fix="pass --target a catalog name, hub id or model folder")
@@ -55,18 +60,23 @@ def rank(target, gpu, tp, workload, temperature, batch, top, max_model_len, util
     if candidates.strip() and not extra:
         raise DraftfitError(f"--candidates {candidates!r} names no model",
                             fix="pass --candidates as comma-separated folders or hub ids, e.g. --candidates ./my-draft")
+    if prompts_file is not None and traffic_kw.get("request_log") is None and (
+            traffic_kw.get("request_rate") is not None or traffic_kw.get("concurrency") is not None):
+        traffic_kw["traffic_prompts_file"] = prompts_file  # the logged prompts' lengths shape the traffic as well
     traffic = traffic_from(traffic_kw, required=False)  # --request-rate etc.: answer at the user's traffic too
     result = run_rank(target, gpu_name=gpu, tp=tp, workload=workload, temperature=temperature,
                       batches=parse_int_list(batch, "--batch"), util=util, max_model_len=max_model_len,
                       extra_candidates=extra, top=None if explain else top, vllm_version=vllm_version,
-                      quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs)
+                      quantization=quantization, kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
+                      prompts_file=prompts_file)
     if explain:
         _explain(result, explain, as_json)
         return
     load = None
     if traffic is not None:
         best = [c.draft for c in result.candidates if c.group == 0 and c.acceptance is not None][:RANK_AT_TRAFFIC]
-        load = load_for(result.layout, best, traffic, traffic_kw)
+        # n-gram / suffix at the acceptance the ranking priced them at (the replay of --prompts-file, when given)
+        load = load_for(result.layout, best, traffic, traffic_kw, acceptance=result.given_acceptance)
     if as_json:
 
         emit_json({**result.to_json(), **({"serving_load": load.to_dict() if load else None} if traffic else {})})
@@ -103,7 +113,12 @@ def _winner_lines(result, w) -> list[str]:
     head = (f"Winner: {w.draft} ({how}): {band}, α {fmt_num(w.acceptance)} ({w.acceptance_source}), "
             f"step costs: {w.speedup_basis or 'n/a'}")
     narrow = []
-    if not w.acceptance_source.startswith("measured"):
+    if w.method in NO_MODEL_METHODS and w.acceptance_source.startswith("replay:") and \
+            not (w.acceptance_mixture or {}).get("basis", "").startswith("replay of your"):
+        # n-gram / suffix need no engine: the user's logged outputs replay in seconds (acceptance/user_replay.py)
+        narrow.append(f"replay your logged traffic: `draftfit rank --target {result.target.name} --prompts-file LOG` "
+                      "(prompts with their completions)")
+    elif not w.acceptance_source.startswith("measured"):
         narrow.append(f"measure your prompts: `draftfit measure {result.target.name} {w.draft} "
                       f"--workload {result.workload} --prompts-file F`")
     if w.speedup_basis != "calibrated" and w.method not in NO_MODEL_METHODS:  # calibrate times a draft model
@@ -225,10 +240,12 @@ def _explain(result, name: str, as_json: bool) -> None:
     lines.append(f"acceptance: α={fmt_num(hit.acceptance, 3)} band [{fmt_num(hit.acceptance_low, 3)}, "
                  f"{fmt_num(hit.acceptance_high, 3)}], relation {hit.relation}, source {hit.acceptance_source}")
     if hit.acceptance_mixture:
-        m = hit.acceptance_mixture
-        lines.append(f"  mixture (K={m['k']}, {m['reference']}): drafts on {fmt_num(m['draft_probability'] * 100, 0)}% "
-                     f"of steps (draft probability {fmt_num(m['draft_probability'], 3)}), accepted length given a "
-                     f"draft {fmt_num(m['accepted_per_draft'], 2)} tokens")
+        lines += mixture_lines(hit.acceptance_mixture)
+        b = hit.acceptance_mixture_builtin
+        if b:
+            lines.append(f"  for comparison, the built-in {result.workload} reference ({b.get('reference', '')}): draft "
+                         f"probability {fmt_num(b['draft_probability'], 3)}, accepted length given a draft "
+                         f"{fmt_num(b['accepted_per_draft'], 2)} at K={b['k']}")
     lines.append(f"  citation: {hit.acceptance_citation}")
     lines.append(f"speedup ({hit.speedup_source or 'n/a'}):")
     for b in result.batches:

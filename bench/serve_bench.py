@@ -243,7 +243,13 @@ def _err(pred: float, meas: float) -> float:
 
 def score(dirs) -> str:
     meas = _measured(dirs)
-    lines = ["Predicted (committed before the runs) vs measured by `vllm bench serve`; error = (pred - meas) / meas.",
+    lines = ["Predicted (committed before the runs, `draftfit/data/predictions/*_serving__<GPU>.json`) vs measured; "
+             "error = (pred - meas) / meas. Measured (data/serving/raw/): vLLM 0.34.0, dummy weights, synthetic "
+             "acceptance 0.8, by bench/serve_engine_gpu.py: the engine `vllm serve` builds from the planned command "
+             "(vLLM's serve parser, usage context OPENAI_API_SERVER), driven in process by an open-loop Poisson "
+             "client with `vllm bench serve`'s metric definitions (the device image has no uvicorn for the server; "
+             "no HTTP layer is measured); light rates send a minute (2026-12-05 H200: 40 s) of arrivals, at least "
+             "120 requests, instead of 300.",
              "", "| GPU | config | mode | req/s | TPOT p50 pred / meas | err | TPOT p99 pred / meas | err | "
                  "out tok/s pred / meas | err | within goals |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = []
@@ -345,7 +351,7 @@ def main(argv=None) -> int:
         return 0
 
     body = score(a.score)
-    write_section("serving-load", "### Serving load: serve-sim vs `vllm bench serve` (issue 40)\n\n" + body,
+    write_section("serving-load", "### Serving load: serve-sim vs the served engine under Poisson load (issue 40)\n\n" + body,
                   command="bench/serve_bench.py --score " + " ".join(a.score))
     print(body)
     return 0

@@ -386,8 +386,10 @@ def _loop_factor(target, draft, overheads: dict, loop_factor: float | None) -> f
 # each pays its host launch time; its H200 tables fit better with K passes charged than with K-1. 0.34's
 # standalone_ar speculator (on autoregressive/cudagraph_utils.py) captures the loop again: PIECEWISE/FULL prefill
 # graphs for the first pass and one fused FULL graph for the K-1 decode passes, async scheduling on for every method
-# (config/vllm.py); with no 0.34 table yet it is priced as 0.26's graphed loop (0.26's tables and overheads stand
-# in, band widened by UNCALIBRATED_VERSION_BAND_FACTOR in step_cost_model), never as 0.33's eager one.
+# (config/vllm.py); it is priced as 0.26's graphed loop (first pass hidden), never as 0.33's eager one, with the
+# overheads fitted on 0.34's own draft_model tables (Llama-3.1-8B + Llama-3.2-1B on an H100 and an H200: the fused
+# decode graph costs about 0.08 ms per draft layer against 0.26's 0.21; docs/benchmarks.md section vllm034-refit,
+# where the fit on the H100 table predicts the H200 one at 20 % mean error against 42 % for 0.26's fit).
 # Declared per version in engine/rules.py (VllmRules.first_draft_pass_hidden); this view keeps the old name.
 FIRST_DRAFT_PASS_HIDDEN = {m: r.first_draft_pass_hidden for m, r in VLLM_RULES.items()}
 
@@ -966,14 +968,20 @@ def calibration_points(tables, *, overheads: dict | None = None, include_held_ou
     """Every measured (table, batch, K) usable for fitting or scoring, with its prior step cost.
 
     Skips tables of real (non-synthetic) rejection, whose acceptance is not the nominal one, tables of
-    HELD_OUT_TARGETS (unless `include_held_out`: scoring them, never fitting), and tables of models or GPUs outside
-    the catalog (e.g. a CPU test run). The one loop that fitting, training and the leave-one-out benchmark share."""
+    HELD_OUT_TARGETS (unless `include_held_out`: scoring them, never fitting), tables of models or GPUs outside
+    the catalog (e.g. a CPU test run) and tables of a drafter that is not a draft model (an EAGLE/MTP head, n-gram:
+    vLLM 0.34's lease stored them beside the draft_model tables so that their layouts rest on them, but the fitted
+    terms are draft_model's). The one loop that fitting, training and the leave-one-out benchmark share."""
     for t in tables:
         if not t.provenance.get("synthetic", True) or (t.target in HELD_OUT_TARGETS and not include_held_out):
+            continue
+        if _norm_method_name(t.draft) in NO_FORWARD_METHODS:
             continue
         try:
             target, draft, gpu = model_spec(t.target), model_spec(t.draft), gpu_spec(t.gpu)
         except DraftfitError:
+            continue
+        if getattr(draft, "method", "draft_model") != "draft_model":
             continue
         group = t.configuration
         for b in t.batches:
@@ -988,6 +996,10 @@ def calibration_points(tables, *, overheads: dict | None = None, include_held_ou
                 yield CalibrationPoint(table=t, group=group, target=target, draft=draft, gpu=gpu, batch=b, k=k,
                                        context_len=ctx, row=row, base_row=t.baseline[str(b)], measured=measured,
                                        step_ms=step, prior=prior)
+
+
+def _norm_method_name(name: str) -> str:
+    return str(name).strip().lower().replace("-", "_")
 
 
 _FITTED: dict = {}  # modelled vLLM -> the fit on the shipped tables

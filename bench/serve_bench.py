@@ -329,6 +329,59 @@ def speed() -> str:
             "band) s |\n|---|---|---|---|\n" + "\n".join(rows))
 
 
+def posthoc(dirs) -> str:
+    """Today's serve-sim at the measured configurations (the committed K, the measured rates), NOT pre-registered:
+    written after the runs, once the fixed-batch 0.34 tables of the same pair were ingested. It tests the serving
+    simulator given step costs measured at fixed batch, not the step-cost prediction."""
+    from draftfit.layout import build_layout
+    from draftfit.pipeline import evaluate_pair, served_spec
+    from draftfit.serving import build_traffic, serving_load
+
+    meas = _measured(dirs)
+    acc = _acceptance()
+    lines = ["Post hoc (written after the runs; not a pre-registration): today's `serve-sim` at the measured "
+             "configurations, with the K and rates of the committed predictions. The step costs of these pairs now "
+             "rest on the fixed-batch vLLM 0.34 tables ingested after the same leases (section `vllm034-refit`), so "
+             "this checks the serving simulator given measured step costs, not a held-out prediction.", "",
+             "| GPU | config | mode | req/s | TPOT p50 sim / meas | err | TPOT p99 sim / meas | err | "
+             "out tok/s sim / meas | err | step costs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    pairs = {name: (t, d) for name, t, d in PAIRS}
+    for short, gpu in GPUS:
+        hits = sorted(PREDICTIONS.glob(f"*_serving__{short}.json"))
+        if not hits:
+            continue
+        for p in json.loads(hits[-1].read_text())["predictions"]:
+            rates = [pt["rate"] for pt in p["points"] if any((short, p["config"], m, pt["rate"]) in meas
+                                                             for m in ("none", "spec"))]
+            if not rates:
+                continue
+            target, draft = pairs[p["config"]]
+            lay = build_layout(target, gpu=gpu, tp=1, util=UTIL, max_model_len=MAX_MODEL_LEN, vllm_version=VLLM,
+                               k=p["k"])
+            ev = evaluate_pair(lay, draft, acceptance=acc)
+            traffic = build_traffic(request_rate=",".join(f"{r:g}" for r in rates), prompt_len=str(INPUT_LEN),
+                                    output_len=str(OUTPUT_LEN), num_requests=NUM_PROMPTS)
+            res = serving_load(lay, served_spec(lay), [(ev.draft, acc, ev.memory)], traffic)
+            d = res.drafters[0]
+            for pt in d.points:
+                for mode, cfg in (("none", pt.baseline), ("spec", pt.best)):
+                    m = meas.get((short, p["config"], mode, pt.rate))
+                    if m is None:
+                        continue
+                    e50 = _err(cfg.tpot_p50_ms.value, m["median_tpot_ms"])
+                    e99 = _err(cfg.tpot_p99_ms.value, m["p99_tpot_ms"])
+                    ethr = _err(cfg.output_throughput.value, m["output_throughput"])
+                    lines.append(f"| {short} | {p['config']} | {mode if mode == 'none' else 'K=' + str(p['k'])} | "
+                                 f"{pt.rate:g} | {cfg.tpot_p50_ms.value:.1f} / {m['median_tpot_ms']:.1f} | {e50:+.0%} | "
+                                 f"{cfg.tpot_p99_ms.value:.1f} / {m['p99_tpot_ms']:.1f} | {e99:+.0%} | "
+                                 f"{cfg.output_throughput.value:.0f} / {m['output_throughput']:.0f} | {ethr:+.0%} | "
+                                 f"{d.step_cost_source[:60]} |")
+            lines.append("")
+            lines.append(f"- {short} {p['config']} (K={p['k']}): simulated crossover today: {d.crossover}")
+            lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group(required=True)
@@ -336,6 +389,8 @@ def main(argv=None) -> int:
     g.add_argument("--predict", action="store_true")
     g.add_argument("--stage", action="store_true")
     g.add_argument("--score", nargs="+", metavar="DIR")
+    g.add_argument("--posthoc", nargs="+", metavar="DIR", help="today's serve-sim at the measured configurations "
+                   "(not a pre-registration; section serving-load-posthoc)")
     a = ap.parse_args(argv)
     if a.predict:
         return predict()
@@ -347,6 +402,13 @@ def main(argv=None) -> int:
         body = speed()
         write_section("serving-sim-speed", "### Serving-load simulator: how long a sweep takes\n\n" + body,
                       command=".venv/bin/python bench/serve_bench.py --speed")
+        print(body)
+        return 0
+
+    if a.posthoc:
+        body = posthoc(a.posthoc)
+        write_section("serving-load-posthoc", "### Serving load, post hoc: today's serve-sim at the measured "
+                      "configurations\n\n" + body, command="bench/serve_bench.py --posthoc " + " ".join(a.posthoc))
         print(body)
         return 0
 

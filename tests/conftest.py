@@ -10,27 +10,36 @@ import pytest
 # process sees none, and rich tables would wrap differently from run to run.
 os.environ["COLUMNS"] = "160"
 
-# Files whose tests start real engines or a local Ray: under `pytest -n 2 --dist loadgroup` (make test) they all
-# run in one worker, one after another (a real-pair engine peaks near 15 GB; two would not fit), while the other
-# worker takes the quick tests.
-_ENGINE_FILES = ("test_sweep.py",)
-
-
+# Tests that start real engines (marks `vllm`, `models`): under `pytest -n 2 --dist loadgroup` (make test) they
+# all run in one worker, one after another (a real-pair engine peaks near 15 GB; two would not fit). The tests
+# that share the session's local Ray (tests/test_sweep.py: Ray tasks on the fake engine, no real one) form a
+# group of their own, so that one Ray serves them all without waiting behind the engines; the quick tests go to
+# whichever worker is free.
 ENGINE_GROUP = "engines"
+RAY_GROUP = "ray"
+_RAY_FILES = ("test_sweep.py",)
+
+
+def _group_of(item) -> str | None:
+    if item.get_closest_marker("vllm") or item.get_closest_marker("models"):
+        return ENGINE_GROUP
+    if item.nodeid.split("::")[0].endswith(_RAY_FILES):
+        return RAY_GROUP
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks (pytest < 9.2)
 def pytest_collection_modifyitems(config, items):
     loadgroup = getattr(config.option, "loadgroup", False)  # set on xdist workers under --dist loadgroup
     for item in items:
-        if (item.get_closest_marker("vllm") or item.get_closest_marker("models")
-                or item.nodeid.split("::")[0].endswith(_ENGINE_FILES)):
-            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+        group = _group_of(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
             if loadgroup and not hasattr(item, "_nodeid") and hasattr(item, "_id"):
                 # pytest 9.2 keeps the node id in a structured `_id`; xdist 3.8 still appends the group to the
                 # old `_nodeid`, which no longer exists, so every group was silently spread over both workers
                 # (pytest-xdist issue #1386): two engines at once and the session's pair measured twice.
-                item._id = type(item._id).parse(f"{item.nodeid}@{ENGINE_GROUP}")
+                item._id = type(item._id).parse(f"{item.nodeid}@{group}")
 
 
 def pytest_collection_finish(session):

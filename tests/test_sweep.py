@@ -270,7 +270,13 @@ def _sweep_cmd(store, address, *extra):
 _WORKERS = (b"draftfit.acceptance.measure.vllm", b"draftfit.acceptance.measure.fake")
 
 
-def _measure_workers() -> list[int]:
+def _measure_workers(tag: str) -> list[int]:
+    """Measure workers alive on this machine that run this test's fake engine (`tag`, its ready_file path, is in
+    the spec in their environment): the engine tests and tests/test_measure_fake.py may run workers of their own
+    at the same time on the other xdist worker."""
+    from draftfit.acceptance.measure.base import FAKE_ENV
+
+    prefix, tag_b = f"{FAKE_ENV}=".encode(), tag.encode()
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -278,9 +284,13 @@ def _measure_workers() -> list[int]:
                 cmd = f.read().split(b"\0")
             with open(f"/proc/{pid}/stat") as f:
                 zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            if not (any(w in cmd for w in _WORKERS) and b"--worker" in cmd and not zombie):
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
         except (OSError, IndexError):
             continue
-        if any(w in cmd for w in _WORKERS) and b"--worker" in cmd and not zombie:
+        if any(e.startswith(prefix) and tag_b in e for e in env):
             found.append(int(pid))
     return found
 
@@ -309,15 +319,20 @@ def test_sweep_killed_after_its_first_cell_resumes_and_matches_direct_measures(r
     from draftfit.cli import cli
     from draftfit.acceptance.measure.run import run_measurement
 
-    fake_engine(batch_s=2.0, curves={"ngram": (0.5, 0.3)})  # slow enough that the second cell is running at the kill
+    # Slow enough that the second cell is running at the kill; the ready_file makes the spec this test's own.
+    tag = str(tmp_path / "fake-engine-up")
+    fake_engine(batch_s=2.0, curves={"ngram": (0.5, 0.3)}, ready_file=tag)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
     store = tmp_path / "s.sqlite"
     proc = subprocess.Popen(_sweep_cmd(store, ray_session, "--json"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
     try:
         deadline = time.monotonic() + 300
+        seen = False  # this test's engines found running: the scan after the kill can fail
         while time.monotonic() < deadline and proc.poll() is None and not _ok_runs(store):
+            seen = seen or bool(_measure_workers(tag))
             time.sleep(0.2)
+        assert seen, "no measure worker of this sweep was found while it ran: the scan below would pass vacuously"
         assert _ok_runs(store), f"no cell landed (exit {proc.poll()}: {proc.stderr.read()[-2000:] if proc.poll() is not None else ''})"
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
@@ -325,10 +340,10 @@ def test_sweep_killed_after_its_first_cell_resumes_and_matches_direct_measures(r
         if proc.poll() is None:
             proc.kill()
     for _ in range(300):  # Ray ends a dead driver's tasks; the engine dies with its task (PR_SET_PDEATHSIG)
-        if not _measure_workers():
+        if not _measure_workers(tag):
             break
         time.sleep(0.2)
-    assert not _measure_workers(), "an engine of the killed sweep kept running"
+    assert not _measure_workers(tag), "an engine of the killed sweep kept running"
     first = _ok_runs(store)
     assert len(first) == 1 and first[0]["vllm_version"] == "fake"
 

@@ -34,9 +34,10 @@ def _file(src, mod):
     return None
 
 
-def _guarded(handler_types):
+def _guarded(handler_types, guards=GUARDS):
+    """A try whose handlers catch one of `guards` (a bare except counts): its imports are optional."""
     return any(isinstance(h, ast.ExceptHandler) and (h.type is None or any(
-        n in GUARDS for n in ([getattr(e, "id", getattr(e, "attr", "")) for e in h.type.elts]
+        n in guards for n in ([getattr(e, "id", getattr(e, "attr", "")) for e in h.type.elts]
                               if isinstance(h.type, ast.Tuple) else [getattr(h.type, "id", getattr(h.type, "attr", ""))])))
         for h in handler_types)
 

@@ -17,6 +17,9 @@ import os
 import sys
 from collections import deque
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from import_walk import _file, _guarded  # noqa: E402 - the engine-path walker's module lookup and try-guard test
+
 ROOTS = [
     "vllm.entrypoints.cli.main",
     # lazy in cli/main.py main(): every `vllm ...` command imports all of them
@@ -79,23 +82,6 @@ def brought(wheels_txt):
     return out
 
 
-def _file(src, mod):
-    p = os.path.join(src, *mod.split("."))
-    for f in (p + ".py", os.path.join(p, "__init__.py")):
-        if os.path.isfile(f):
-            return f
-    return None
-
-
-def _guarded(handlers):
-    def names(t):
-        if t is None:
-            return {"BaseException"}
-        elts = t.elts if isinstance(t, ast.Tuple) else [t]
-        return {getattr(e, "id", getattr(e, "attr", "")) for e in elts}
-    return any(names(h.type) & GUARDS for h in handlers)
-
-
 def imports(tree, modname, is_pkg, lazy=None):
     """[(imported dotted name, kind, line)] of the module-level imports of one module; kind: 0 required,
     1 startup (in a STARTUP_FUNCS function), 2 conditional (under an `if`), 3 optional (in a try guarded against
@@ -127,7 +113,7 @@ def imports(tree, modname, is_pkg, lazy=None):
                 out.append((base, opt, n.lineno))
                 out.extend((f"{base}.{a.name}", opt, n.lineno) for a in n.names if a.name != "*")
             elif isinstance(n, ast.Try):
-                g = max(opt, 3) if _guarded(n.handlers) else opt
+                g = max(opt, 3) if _guarded(n.handlers, GUARDS) else opt
                 visit(n.body, g)
                 for h in n.handlers:
                     visit(h.body, opt)

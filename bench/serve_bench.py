@@ -237,6 +237,16 @@ def _measured(dirs) -> dict:
     return out
 
 
+def _row(short: str, config: str, mode: str, rate: float, p50: float, p99: float, thr: float, m: dict,
+         tail) -> tuple[str, tuple[float, float, float]]:
+    """One table row, predicted (or simulated) vs measured, and its errors (TPOT p50, p99, throughput); `tail(errs)`
+    gives the last column."""
+    errs = (_err(p50, m["median_tpot_ms"]), _err(p99, m["p99_tpot_ms"]), _err(thr, m["output_throughput"]))
+    return (f"| {short} | {config} | {mode} | {rate:g} | {p50:.1f} / {m['median_tpot_ms']:.1f} | {errs[0]:+.0%} | "
+            f"{p99:.1f} / {m['p99_tpot_ms']:.1f} | {errs[1]:+.0%} | {thr:.0f} / {m['output_throughput']:.0f} | "
+            f"{errs[2]:+.0%} | {tail(errs)} |"), errs
+
+
 def _err(pred: float, meas: float) -> float:
     return (pred - meas) / meas if meas else float("nan")
 
@@ -267,16 +277,15 @@ def score(dirs) -> str:
                     if m is None:
                         continue
                     pr = pt[mode]
-                    e50 = _err(pr["tpot_p50_ms"]["value"], m["median_tpot_ms"])
-                    e99 = _err(pr["tpot_p99_ms"]["value"], m["p99_tpot_ms"])
-                    ethr = _err(pr["output_throughput"]["value"], m["output_throughput"])
                     below = pt["rate"] < p["saturation_rate"]
-                    ok = abs(e50) <= 0.15 and abs(ethr) <= 0.15 and abs(e99) <= 0.25
-                    lines.append(f"| {short} | {p['config']} | {mode if mode == 'none' else 'K=' + str(p['k'])} | "
-                                 f"{pt['rate']:g} | {pr['tpot_p50_ms']['value']:.1f} / {m['median_tpot_ms']:.1f} | "
-                                 f"{e50:+.0%} | {pr['tpot_p99_ms']['value']:.1f} / {m['p99_tpot_ms']:.1f} | {e99:+.0%} | "
-                                 f"{pr['output_throughput']['value']:.0f} / {m['output_throughput']:.0f} | {ethr:+.0%} | "
-                                 f"{'yes' if ok else 'no'}{'' if below else ' (past saturation)'} |")
+
+                    def within(e):
+                        ok = abs(e[0]) <= 0.15 and abs(e[2]) <= 0.15 and abs(e[1]) <= 0.25
+                        return f"{'yes' if ok else 'no'}{'' if below else ' (past saturation)'}"
+
+                    lines.append(_row(short, p["config"], mode if mode == "none" else f"K={p['k']}", pt["rate"],
+                                      pr["tpot_p50_ms"]["value"], pr["tpot_p99_ms"]["value"],
+                                      pr["output_throughput"]["value"], m, within)[0])
                     row_pays[mode] = m["median_tpot_ms"]
                 if len(row_pays) == 2:
                     measured_pays.append((pt["rate"], row_pays["spec"] * 1.05 <= row_pays["none"]))
@@ -368,14 +377,9 @@ def posthoc(dirs) -> str:
                     m = meas.get((short, p["config"], mode, pt.rate))
                     if m is None:
                         continue
-                    e50 = _err(cfg.tpot_p50_ms.value, m["median_tpot_ms"])
-                    e99 = _err(cfg.tpot_p99_ms.value, m["p99_tpot_ms"])
-                    ethr = _err(cfg.output_throughput.value, m["output_throughput"])
-                    lines.append(f"| {short} | {p['config']} | {mode if mode == 'none' else 'K=' + str(p['k'])} | "
-                                 f"{pt.rate:g} | {cfg.tpot_p50_ms.value:.1f} / {m['median_tpot_ms']:.1f} | {e50:+.0%} | "
-                                 f"{cfg.tpot_p99_ms.value:.1f} / {m['p99_tpot_ms']:.1f} | {e99:+.0%} | "
-                                 f"{cfg.output_throughput.value:.0f} / {m['output_throughput']:.0f} | {ethr:+.0%} | "
-                                 f"{d.step_cost_source[:60]} |")
+                    lines.append(_row(short, p["config"], mode if mode == "none" else f"K={p['k']}", pt.rate,
+                                      cfg.tpot_p50_ms.value, cfg.tpot_p99_ms.value, cfg.output_throughput.value, m,
+                                      lambda _e: d.step_cost_source[:60])[0])
             lines.append("")
             lines.append(f"- {short} {p['config']} (K={p['k']}): simulated crossover today: {d.crossover}")
             lines.append("")

@@ -33,7 +33,8 @@ echo "[serve-bench] $GPU $CONFIG $MODE: to do:${todo:- nothing}"
 copy_back() { mkdir -p "$OUT/serve_bench"; cp -r /root/serve_res/* "$OUT/serve_bench/" 2>/dev/null; }
 if [ -z "$todo" ]; then copy_back; exit 0; fi
 PORT=8000
-python3 -m vllm.entrypoints.cli.main $SERVE --port $PORT > "$RES/server.log" 2>&1 &
+# the plan holds `vllm serve ...` with its JSON shell-quoted: the module takes what follows `vllm`, eval keeps the quoting
+eval "exec python3 -m vllm.entrypoints.cli.main ${SERVE#vllm } --port $PORT" > "$RES/server.log" 2>&1 &
 SPID=$!
 trap 'kill $SPID 2>/dev/null; wait $SPID 2>/dev/null' EXIT
 until curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; do
@@ -48,7 +49,7 @@ for r in $todo; do
   left=$(( BUDGET - ($(date +%s) - T0) ))
   if [ "$need" -gt "$left" ]; then echo "[serve-bench] rate $r needs ~${need}s, ${left}s left: next call"; continue; fi
   t1=$(date +%s)
-  python3 -m vllm.entrypoints.cli.main ${BENCH/RATE/$r} --port $PORT --result-dir "$RES" \
+  B=${BENCH/RATE/$r}; python3 -m vllm.entrypoints.cli.main ${B#vllm } --port $PORT --result-dir "$RES" \
     --result-filename "rate_$r.json.tmp" > "$RES/bench_$r.log" 2>&1 \
     && mv "$RES/rate_$r.json.tmp" "$RES/rate_$r.json"
   echo "[serve-bench] rate $r: $( [ -s "$RES/rate_$r.json" ] && echo ok || echo FAILED) in $(( $(date +%s) - t1 ))s"

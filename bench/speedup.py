@@ -72,6 +72,7 @@ def evaluate(tables, vllm_version: str | None = None) -> dict:
     by_pair: dict = {}
     for t in version_tables:
         by_pair.setdefault(t.configuration, []).append(t)
+    scored = 0  # configurations that gave a case (a head or n-gram table of 0.34 is stored but fits nothing)
     for pair, held_tables in by_pair.items():
         # A later version's fit starts from 0.26's, which has seen this pair under 0.26: that is what a user of
         # the later version gets, so it stays in training; only the held-out version's own tables are left out.
@@ -79,12 +80,14 @@ def evaluate(tables, vllm_version: str | None = None) -> dict:
         overheads = fitted_overheads(tables=train, tables_key=vllm_version) if train else None
         corrector = _corrector_for(tables_of_version(train, None), overheads) if train and not later else None
         pooled = PooledSteps(held_tables)
+        n_before = len(cases)
         for held in held_tables:
             _score_held_out(held, overheads, corrector, cases, best_cases, pooled)
+        scored += len(cases) > n_before
     return {"cases": cases, "best": best_cases, "cross_rate": _cross_rate_step_ratios(by_pair),
             "line_vs_raw": _line_vs_raw_across_starts(by_pair), "line_floor": _line_floor(version_tables),
             "loop_ms": _loop_pass_ms_per_layer(tables),
-            "n_pairs": len(by_pair), "rates": sorted({t.acceptance for t in tables})}
+            "n_pairs": scored, "rates": sorted({t.acceptance for t in tables})}
 
 
 def _loop_pass_ms_per_layer(tables) -> dict:
@@ -722,7 +725,8 @@ def render_terms(tables) -> str:
     from draftfit.catalog.specs import method_drafter, resolve_model
     from draftfit.engine.rules import VLLM_RULES
     from draftfit.engine.versions import MODELLED
-    from draftfit.speedup.stepcost import HELD_OUT_TARGETS, PRIOR_OVERHEADS, fitted_overheads, step_cost_model
+    from draftfit.speedup.stepcost import (HELD_OUT_TARGETS, PRIOR_OVERHEADS, calibration_points, fitted_overheads,
+                                           step_cost_model)
 
     l8 = resolve_model("Llama-3.1-8B")
     pairs = [("draft_model", l8, resolve_model("Llama-3.2-1B")), ("EAGLE-3 head", l8, resolve_model("EAGLE3-Llama-3.1-8B")),
@@ -739,7 +743,9 @@ def render_terms(tables) -> str:
     fits = []
     for v in MODELLED:
         ov = fitted_overheads(tables=tables, tables_key=v) if tables else {}
-        own = [t for t in tables_of_version(tables, v) if t.target not in HELD_OUT_TARGETS] if tables else []
+        # the tables the fit really reads (calibration_points, the one loop fit and benchmark share: draft_model
+        # tables only, held-out targets and real-rejection tables left out)
+        own = [pt.table for pt in calibration_points(tables_of_version(tables, v))] if tables else []
         on = (f"{len({t.configuration for t in own})} vLLM {v} configurations: "
               + ", ".join(sorted({f'{t.target}+{t.draft} TP{t.tp}' for t in own}))) if own else \
             f"none of its own: vLLM {ov.get('vllm_version', '0.26')}'s fit stands in"

@@ -59,7 +59,8 @@ Phases (the lead launches each as its own command):
            and 0.9; phases034), pre-registered (bench/preregister_v034.py)
   S034     vLLM 0.34, one GPU, timed: both 8B pairs, the Llama EAGLE-3 head and n-gram, most valuable first;
            S034-first: its first six engines (one K per method and the baselines); S034-b: the second lease's order;
-           S034-c: the third lease's (H200 n-gram and head points, the Qwen pair's K table, MoE/sliding/head memory)
+           S034-c: the third lease's (H200 n-gram and head points, the Qwen pair's K table, MoE/sliding/head memory);
+           S034-c100: the same lease on an H100 (the Qwen pair, n-gram K5, the head at K1, the memory starts first)
 """
 
 from __future__ import annotations
@@ -568,8 +569,16 @@ def phases034() -> dict:
               m034[4]["id"], m034[6]["id"], m034[8]["id"], l8l1[2], q[1], q[6], q[3], m034[5]["id"], m034[7]["id"]]
     by_id.update({e["id"]: e for e in m034})
     third = [by_id[i] for i in order3] + [e for e in first + rest + m034 if e["id"] not in order3]
+    # The same lease on an H100 (the kind lent most): its n-gram and EAGLE-3 K=3 tables exist (second lease), so
+    # the held-out engines there are the Qwen pair, the other K of n-gram and the head, and the memory starts.
+    e3k = {k: dict(engine(l8, e3, k, **timed), method="eagle3")["id"] for k in (1, 2, 4)}
+    ngk = {k: ngram_engine(l8, k, **timed)["id"] for k in (1, 5)}
+    order3h = [first[0]["id"], first[2]["id"], q[4], q[2], ngk[5], e3k[1], m034[4]["id"], m034[6]["id"],
+               m034[8]["id"], q[1], q[6], ngk[1], e3k[4], q[3], m034[5]["id"], m034[7]["id"]]
+    third_h100 = [by_id[i] for i in order3h] + [e for e in first + rest + m034 if e["id"] not in order3h]
     return {"M034": [("gpu0", "0", 110, m034)],
             "S034-c": [("gpu0", "0", 110, third)],
+            "S034-c100": [("gpu0", "0", 110, third_h100)],
             "S034": [("gpu0", "0", 110, first + rest)],
             "S034-first": [("gpu0", "0", 110, first)],
             "S034-b": [("gpu0", "0", 110, second)]}

@@ -61,6 +61,8 @@ Phases (the lead launches each as its own command):
            S034-first: its first six engines (one K per method and the baselines); S034-b: the second lease's order;
            S034-c: the third lease's (H200 n-gram and head points, the Qwen pair's K table, MoE/sliding/head memory);
            S034-c100: the same lease on an H100 (the Qwen pair, n-gram K5, the head at K1, the memory starts first)
+           S034-d / S034-d100: the fourth lease (H200 / H100): MoE, sliding-window and head memory starts first,
+           then the H200 n-gram and head points or the H100 Qwen pair's K 1 and 6, each beside its own baseline
 """
 
 from __future__ import annotations
@@ -576,7 +578,21 @@ def phases034() -> dict:
     order3h = [first[0]["id"], first[2]["id"], q[4], q[2], ngk[5], e3k[1], m034[4]["id"], m034[6]["id"],
                m034[8]["id"], q[1], q[6], ngk[1], e3k[4], q[3], m034[5]["id"], m034[7]["id"]]
     third_h100 = [by_id[i] for i in order3h] + [e for e in first + rest + m034 if e["id"] not in order3h]
+    # Fourth lease (2026-12-05 evening; same round-2 predictions, committed before the third lease): the memory starts
+    # no lease has reached yet (MoE pair, sliding window, the head at 8192 tokens) first, since they need no
+    # baseline; then a K table that only exists with its own lease's baseline: on an H100 the Qwen pair's K 1 and 6
+    # (K 2 and 4 came in the third lease beside its own baseline), on an H200 the n-gram and head points beside a
+    # Llama baseline. Each lease re-runs its baselines: host-bound steps move up to 2x between leases.
+    mem3 = [m034[4]["id"], m034[6]["id"], m034[8]["id"]]
+    order4h = mem3 + [first[2]["id"], q[1], q[6], m034[5]["id"], m034[7]["id"], q[3],
+                      first[0]["id"], ngk[5], e3k[1]]
+    order4 = mem3 + [first[0]["id"], first[5]["id"], first[4]["id"], m034[5]["id"], m034[7]["id"],
+                     first[2]["id"], q[4], q[2]]
+    fourth_h100 = [by_id[i] for i in order4h] + [e for e in first + rest + m034 if e["id"] not in order4h]
+    fourth = [by_id[i] for i in order4] + [e for e in first + rest + m034 if e["id"] not in order4]
     return {"M034": [("gpu0", "0", 110, m034)],
+            "S034-d": [("gpu0", "0", 110, fourth)],
+            "S034-d100": [("gpu0", "0", 110, fourth_h100)],
             "S034-c": [("gpu0", "0", 110, third)],
             "S034-c100": [("gpu0", "0", 110, third_h100)],
             "S034": [("gpu0", "0", 110, first + rest)],

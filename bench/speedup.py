@@ -30,9 +30,10 @@ from draftfit.speedup.predict import NO_SPECULATION_BELOW  # noqa: E402
 COMMAND = ".venv/bin/python bench/speedup.py"
 
 
-def _corrector_for(train, overheads):
+def _corrector_for(train, overheads, gate: bool = True):
     """The learned correction trained on `train`, or None when it does not beat the roofline in a
-    leave-one-configuration-out inside `train` (the rule load_default applies to the shipped model)."""
+    leave-one-configuration-out inside `train` (the rule load_default applies to the shipped model). `gate` False:
+    trained and returned whatever that inner leave-one-out says (the ablation's "forced on" row)."""
     import math
 
     from draftfit.speedup.correction import SpeedupCorrector, training_set
@@ -41,6 +42,8 @@ def _corrector_for(train, overheads):
     groups = sorted(set(ts.groups))
     if len(ts.y) < 8 or len(groups) < 2:
         return None
+    if not gate:
+        return SpeedupCorrector().fit(ts.X, ts.y)
     err_c, err_p = [], []
     for g in groups:
         tr = [i for i, gg in enumerate(ts.groups) if gg != g]
@@ -54,12 +57,20 @@ def _corrector_for(train, overheads):
     return SpeedupCorrector().fit(ts.X, ts.y)
 
 
-def evaluate(tables, vllm_version: str | None = None) -> dict:
+CORRECTION_MODES = ("gated", "off", "forced")
+
+
+def evaluate(tables, vllm_version: str | None = None, *, without=(), correction: str = "gated") -> dict:
     """Leave each configuration out: overheads and correction fitted on the other tables' steady-state step
     costs, the held-out one predicted and scored against its measured steady-state speedups. Only the tables of
     `vllm_version`'s modelled vLLM are held out (0.26's when None), and the overheads are fitted as
     fitted_overheads does for that version (its own tables; a later version starts from 0.26's fit). The learned
-    correction is 0.26's alone (calibration.tables.tables_of_version: it is trained on 0.26 tables)."""
+    correction is 0.26's alone (calibration.tables.tables_of_version: it is trained on 0.26 tables).
+    The ablation (--ablate) reads the same loop: `without`, fitted terms left out of every fit
+    (fitted_overheads(without=...)); `correction` 'gated' (applied where it beat the roofline inside the training
+    configurations, as load_default rules), 'off' or 'forced' (applied in every fold)."""
+    if correction not in CORRECTION_MODES:
+        raise ValueError(f"correction must be one of {CORRECTION_MODES}, not {correction!r}")
     from draftfit.calibration.tables import DEFAULT_TABLE_VLLM, PooledSteps, tables_of_version
     from draftfit.speedup.stepcost import fitted_overheads
     from draftfit.engine.versions import modelled_version
@@ -77,8 +88,9 @@ def evaluate(tables, vllm_version: str | None = None) -> dict:
         # A later version's fit starts from 0.26's, which has seen this pair under 0.26: that is what a user of
         # the later version gets, so it stays in training; only the held-out version's own tables are left out.
         train = [t for t in tables if not (t.configuration == pair and t in version_tables)]
-        overheads = fitted_overheads(tables=train, tables_key=vllm_version) if train else None
-        corrector = _corrector_for(tables_of_version(train, None), overheads) if train and not later else None
+        overheads = fitted_overheads(tables=train, tables_key=vllm_version, without=without) if train else None
+        corrector = _corrector_for(tables_of_version(train, None), overheads, gate=correction == "gated") \
+            if train and not later and correction != "off" else None
         pooled = PooledSteps(held_tables)
         n_before = len(cases)
         for held in held_tables:
@@ -798,12 +810,13 @@ def _refit_errors(held, overheads) -> list[dict]:
     return out
 
 
-def evaluate_refit(tables, version: str = "0.34") -> dict:
+def evaluate_refit(tables, version: str = "0.34", without=()) -> dict:
     """Does a fit of the draft_model overheads on `version`'s own tables (stepcost.fitted_overheads(tables_key=
     version): the same least squares, starting from 0.26's fit) predict a `version` table it was not fitted on better
     than the prior that stands in while `version` has no table (0.26's fit, what the pre-registered predictions used)?
     Splits: in-sample (all of `version`'s tables), GPU-crossed (fit on one GPU's tables, predict the other's) and
-    leave-one-engine-out (each K engine start of each table held out, the rest of both GPUs fitted)."""
+    leave-one-engine-out (each K engine start of each table held out, the rest of both GPUs fitted). `without`: fitted
+    terms left out of the refits (fitted_overheads(without=...): the ablation, --ablate)."""
     from draftfit.speedup.stepcost import fitted_overheads
 
     own = _draft_model_tables(tables, version)
@@ -811,7 +824,7 @@ def evaluate_refit(tables, version: str = "0.34") -> dict:
     current = fitted_overheads(tables=others, tables_key=version)  # no table of `version`: 0.26's stands in
 
     def refit(train):
-        return fitted_overheads(tables=others + list(train), tables_key=version)
+        return fitted_overheads(tables=others + list(train), tables_key=version, without=without)
 
     splits = []
 
@@ -909,18 +922,228 @@ def render_refit(result: dict) -> tuple[str, bool]:
     return text, keeps
 
 
+# --- Ablation: does each fitted term earn its place on tables it was not fitted on (issue 37 item 3) -------------
+
+ABLATE_COMMAND = ".venv/bin/python bench/speedup.py --ablate"
+# A term stays only if leaving it out makes a held-out mean abs error worse by more than this (of the speedup, in
+# absolute terms: 0.005 is half a percentage point); a smaller change, a tie or an improvement is noise-level, and
+# the term goes: it must earn its place.
+ABLATION_MARGIN = 0.005
+# The held-out splits read, per modelled vLLM: leave one configuration out (evaluate) where a version has configurations
+# enough to hold one out and still fit the speculative terms, else leave one engine (K) out (evaluate_refit: vLLM
+# 0.34's two tables are one pair on two GPUs, and its H200 table alone cannot fit them).
+ABLATION_SPLITS = (("0.26", "configuration"), ("0.33", "configuration"), ("0.34", "engine"))
+# The held-out mean abs error (and points) per split of the step-cost model with every term it was fitted with before
+# the pruning of issue 37 item 3 (the eight constants of PRIOR_OVERHEADS then, the learned correction as shipped,
+# applied in no fold), from the first `--ablate` run (2026-12-05). The elimination's guard measures against it, so
+# that the losses of terms removed in one run and of those removed in a later one cannot add up past
+# ABLATION_MARGIN. It holds while the tables are those it was scored on (the point counts tell); where they are not,
+# the run's own full fit stands in.
+ABLATION_REFERENCE = {"0.26": (0.14463766384249957, 200), "0.33": (0.24915594240411734, 38),
+                      "0.34": (0.07215448049434083, 20)}
+
+
+def _held_out(tables, *, without=(), correction: str = "off") -> dict:
+    """{version: {"mae", "within15", "n", ...}} over ABLATION_SPLITS, with the terms in `without` left out of every fit
+    and the learned correction as `correction` says (evaluate's modes)."""
+    out = {}
+    for v, split in ABLATION_SPLITS:
+        if split == "configuration":
+            s = summarize(evaluate(tables, None if v == "0.26" else v, without=without, correction=correction))
+            if s:
+                out[v] = {"mae": s["mape_draftfit"], "within15": s["within15_draftfit"], "n": s["n"],
+                          "configs": s["n_pairs"], "bestk": (s["bestk_multi"], s["n_multi"]),
+                          "per_config": {c: e["mean"] for c, e in s["per_config"].items()}}
+            continue
+        if not _draft_model_tables(tables, v):
+            continue
+        splits = evaluate_refit(tables, v, without)["splits"]
+        errs = next(sp["refit"] for sp in splits if sp["name"].startswith("leave"))
+        out[v] = {"mae": _mae(errs), "within15": sum(abs(e["error"]) <= 0.15 for e in errs) / len(errs),
+                  "n": len(errs), "engines": len({(e["gpu"], e["k"]) for e in errs})}
+    return out
+
+
+def _worst_rise(with_: dict, without: dict) -> float:
+    """The largest rise of the held-out mean abs error, over the splits, when the thing is left out."""
+    return max(without[v]["mae"] - with_[v]["mae"] for v in with_ if v in without)
+
+
+def _worst_split(with_: dict, without: dict) -> str:
+    return max((v for v in with_ if v in without), key=lambda v: without[v]["mae"] - with_[v]["mae"])
+
+
+def evaluate_ablation(tables) -> dict:
+    """The learned correction (as shipped: gated; forced on; off) and then every fitted term (stepcost.PRIOR_OVERHEADS)
+    by backward elimination: each term left out in turn and the overheads refitted without it, scored on the held-out
+    splits; the term whose absence costs least goes if that cost is within ABLATION_MARGIN on every split and the
+    model without it and every term removed before stays within ABLATION_MARGIN of ABLATION_REFERENCE on every split
+    (small losses must not add up), and the rest are scored again without it, until no term left can go. The first
+    round is each term against the model as fitted. Terms are scored with the correction off (where it is applied in
+    no fold, the shipped model's numbers)."""
+    from draftfit.speedup.stepcost import PRIOR_OVERHEADS, fitted_overheads
+
+    off = _held_out(tables, correction="off")
+    correction = [{"name": "learned correction, as shipped (a fold applies it only where it beat the roofline inside "
+                           "its training configurations)", "with": _held_out(tables, correction="gated"),
+                   "without": off},
+                  {"name": "learned correction, forced on in every fold",
+                   "with": _held_out(tables, correction="forced"), "without": off}]
+    removed, rounds, full = [], [], None
+    while True:
+        base = _held_out(tables, without=removed)
+        if full is None:
+            full = {v: ({"mae": ABLATION_REFERENCE[v][0], "recorded": True}
+                        if ABLATION_REFERENCE.get(v, (0, None))[1] == f["n"] else dict(f, recorded=False))
+                    for v, f in base.items()}
+        scored = [{"term": t, "without": _held_out(tables, without=[*removed, t])}
+                  for t in PRIOR_OVERHEADS if t not in removed]
+        for r in scored:
+            r["rise"], r["rise_full"] = _worst_rise(base, r["without"]), _worst_rise(full, r["without"])
+            r["split_full"] = _worst_split(full, r["without"])
+        goes = [r for r in scored if r["rise"] <= ABLATION_MARGIN and r["rise_full"] <= ABLATION_MARGIN]
+        rounds.append({"removed_before": list(removed), "base": base, "terms": scored,
+                       "removed": min(goes, key=lambda r: r["rise"])["term"] if goes else None})
+        if not goes:
+            break
+        removed.append(rounds[-1]["removed"])
+    return {"correction": correction, "rounds": rounds, "removed": removed, "reference": full,
+            "kept": [t for t in PRIOR_OVERHEADS if t not in removed],
+            "fits": {t: fitted_overheads(tables=tables, without=[t]) for t in PRIOR_OVERHEADS},
+            "fit": fitted_overheads(tables=tables), "fit_kept": fitted_overheads(tables=tables, without=removed)}
+
+
+def _absent_means(term: str) -> str:
+    from draftfit.speedup.stepcost import TIED_WHEN_ABSENT
+
+    return f"tied to {TIED_WHEN_ABSENT[term]}" if term in TIED_WHEN_ABSENT else "held at 0"
+
+
+def render_ablation(result: dict) -> tuple[str, list[str]]:
+    """The section and the terms that stay."""
+    from draftfit.speedup.stepcost import PRIOR_OVERHEADS
+
+    first = result["rounds"][0]
+    versions = [v for v, _ in ABLATION_SPLITS if v in first["base"]]
+
+    def cells(with_: dict, without: dict) -> list:
+        row = []
+        for v in versions:
+            a, b = with_[v], without[v]
+            row.append(f"{a['mae']:.1%} / {b['mae']:.1%} ({(b['mae'] - a['mae']) * 100:+.2f})")
+            row.append(f"{a['within15']:.0%} / {b['within15']:.0%}")
+            if "bestk" in a:
+                row.append(f"{a['bestk'][0]} / {b['bestk'][0]} of {a['bestk'][1]}")
+            if v == "0.26":
+                shared = [c for c in a["per_config"] if c in b["per_config"]]
+                worse = sum(b["per_config"][c] > a["per_config"][c] + 1e-9 for c in shared)
+                better = sum(b["per_config"][c] < a["per_config"][c] - 1e-9 for c in shared)
+                row.append(f"{worse} / {better} of {len(shared)}")
+        return row
+
+    head = ["left out", "absent means"]
+    for v in versions:
+        f = first["base"][v]
+        where = (f"leave one engine (K) out ({f['engines']} engines" if "engines" in f
+                 else f"leave one configuration out ({f['configs']} configurations")
+        head += [f"vLLM {v}, {where}, {f['n']} points): mean abs error with / without (rise, points)",
+                 "within 15 % with / without"]
+        if "bestk" in f:
+            head.append("best K right, multi-K cases, with / without")
+        if v == "0.26":
+            head.append("held-out tables worse / better without")
+    removed, kept = result["removed"], result["kept"]
+    last = {r["term"]: (rd, r) for rd in result["rounds"] for r in rd["terms"]}  # each term's last scoring
+    rows = []
+    for r in first["terms"]:
+        rd, lr = last[r["term"]]
+        verdict = "removed" if r["term"] in removed else "kept"
+        if r["term"] not in removed and lr["rise"] <= ABLATION_MARGIN:
+            verdict += (f": its own rise is within the margin, but left out after {', '.join(rd['removed_before'])} "
+                        f"the model is {lr['rise_full'] * 100:.2f} points above the reference on vLLM "
+                        f"{lr['split_full']}")
+        rows.append([f"`{r['term']}`", _absent_means(r["term"]), *cells(first["base"], r["without"]),
+                     f"{r['rise'] * 100:+.2f}", verdict])
+    for r in result["correction"]:
+        rise = _worst_rise(r["with"], r["without"])
+        rows.append([r["name"], "off: the roofline with the fitted overheads alone", *cells(r["with"], r["without"]),
+                     f"{rise * 100:+.2f}", "kept" if rise > ABLATION_MARGIN else "removed"])
+    steps = []
+    for i, rd in enumerate(result["rounds"]):
+        if not rd["terms"]:
+            continue
+        steps.append([i + 1, ", ".join(rd["removed_before"]) or "none",
+                      " / ".join(f"{rd['base'][v]['mae']:.1%}" for v in versions),
+                      ", ".join(f"{r['term']} {r['rise'] * 100:+.2f} / {r['rise_full'] * 100:+.2f}"
+                                for r in sorted(rd["terms"], key=lambda r: r["rise"])),
+                      f"{rd['removed']} removed" if rd["removed"] else "stop: no term left can go"])
+    consts = lambda ov: ", ".join(f"{k} {ov[k]:.3g}" for k in PRIOR_OVERHEADS)  # noqa: E731
+    fits = [["none (as fitted)", consts(result["fit"])]]
+    fits += [[f"`{t}`", consts(ov)] for t, ov in result["fits"].items()]
+    if removed:
+        fits.append([f"{', '.join(removed)} (the terms removed)", consts(result["fit_kept"])])
+    split_names = " / ".join(f"vLLM {v}" for v in versions)
+    text = (
+        "Does each fitted step-cost term earn its place on tables it was not fitted on? Each term of "
+        "`stepcost.fitted_overheads` is left out (`fitted_overheads(without=...)`: held at 0, or tied to another "
+        "where its absence means one constant for both, `stepcost.TIED_WHEN_ABSENT`), the overheads refitted without "
+        "it in every fold, and the held-out splits scored through the loop and prediction path of the sections "
+        "`speedup` and `vllm034-refit` (`evaluate`, `evaluate_refit`): vLLM 0.26's and 0.33's leave one configuration "
+        "out, vLLM 0.34's leave one engine (K) out. Error: predicted / measured steady-state speedup - 1, the "
+        "roofline prior with the fitted overheads (no table of the held-out pair read). Rule: a term stays only if "
+        f"leaving it out raises some split's held-out mean abs error by more than {ABLATION_MARGIN * 100:.1f} "
+        "percentage points (rise: the largest over the splits); a smaller rise, a tie or a fall is noise-level and "
+        "it goes. As terms stand in for each other (one left out, the others absorb part of it), they go one at a "
+        "time, the cheapest first, and the rest are scored again without it (backward elimination); a term goes "
+        "only if the model without it and every term removed before also stays within the margin of the reference "
+        "on every split, so that small losses do not add up: the held-out error of the model with every term it was "
+        "fitted with before this pruning (eight constants, `ABLATION_REFERENCE`: "
+        + " / ".join(f"vLLM {v} {result['reference'][v]['mae']:.2%}"
+                     + ("" if result["reference"][v]["recorded"] else " (this run's full fit: the recorded one was "
+                                                                      "scored on other tables)")
+                     for v in versions)
+        + "). Terms are scored with the learned correction off: as shipped it was applied in no fold, so these were "
+        "the shipped model's numbers.\n\n"
+        "Each term against the model as fitted (the first round)"
+        + (", and the learned correction (trained on vLLM 0.26 tables, never applied to the other versions) off "
+           "against as shipped and against forced on in every fold" if result["correction"] else "")
+        + ":\n\n" + markdown_table(head + ["rise (points)", "verdict"], rows)
+        + f"\n\nBackward elimination (mean abs error of {split_names} with the terms removed so far; each term "
+        "left: the rise, in points, when it is left out too, against that round's model / against the reference; the "
+        "largest over the splits):\n\n"
+        + markdown_table(["round", "removed before", f"{split_names} mean abs error", "rise per term left",
+                          "step"], steps)
+        + "\n\nThe vLLM 0.26 fit on every table with a term left out (ms; the other terms absorb what it carried):\n\n"
+        + markdown_table(["left out", "fitted constants"], fits)
+        + "\n\n" + f"**Kept**: {', '.join(kept) or 'none'}. **Removed**: "
+        + (", ".join(removed) or "no fitted term")
+        + ("" if not result["correction"] or any(_worst_rise(r["with"], r["without"]) > ABLATION_MARGIN
+                                                 for r in result["correction"][:1]) else "; the learned correction")
+        + ".")
+    return text, kept
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calibration-dir", type=Path, default=None)
     ap.add_argument("--no-readme", action="store_true")
     ap.add_argument("--refit", metavar="VERSION", default=None,
                     help="only the out-of-sample check of VERSION's own overhead fit (section vllm<VERSION>-refit)")
+    ap.add_argument("--ablate", action="store_true",
+                    help="leave each fitted step-cost term (and the learned correction) out in turn and score the "
+                         "held-out splits (section speedup-ablation)")
     ap.add_argument("--plot-dir", type=Path, default=ROOT / "docs" / "speedup",
                     help="where the held-out plots go (PNG per multi-K configuration)")
     args = ap.parse_args(argv)
     from draftfit.calibration.tables import load_tables
 
     tables = load_tables(args.calibration_dir)
+    if args.ablate:
+        text, _ = render_ablation(evaluate_ablation(tables))
+        print(text)
+        if not args.no_readme:
+            write_section("speedup-ablation", text, command=ABLATE_COMMAND)
+        return 0
     if args.refit:
         text, _ = render_refit(evaluate_refit(tables, args.refit))
         print(text)

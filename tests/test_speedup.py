@@ -362,6 +362,28 @@ def test_fitted_overheads_recover_known_vllm_costs(tmp_path):
         assert fit[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
 
 
+def test_a_term_left_out_of_the_fit_stays_absent_and_the_others_are_refitted(tmp_path):
+    """fitted_overheads(without=...) (bench/speedup.py --ablate): a term left out is held at 0 in every fit and never
+    fitted, and the other terms are fitted as before. Tables made with that term truly 0 give the rest back exactly;
+    made with it present, the fit without it is another fit, and the term stays 0 there."""
+    from draftfit.calibration.tables import load_tables
+    from draftfit.speedup.stepcost import fitted_overheads
+
+    truth = {"plain_ms": 0.9, "plain_seq_ms": 0.012, "spec_ms": 1.1, "spec_seq_ms": 0.0, "draft_layer_ms": 0.2,
+             "moe_token_layer_ms": 0.002}
+    for t, d in [("Llama-3.1-8B", "Llama-3.2-1B"), ("Qwen3-8B", "Qwen3-0.6B"), ("Qwen1.5-MoE-A2.7B", "Qwen1.5-0.5B")]:
+        _synthetic_table(tmp_path / "absent", target=t, draft=d, overheads=truth)
+        _synthetic_table(tmp_path / "present", target=t, draft=d, overheads=dict(truth, spec_seq_ms=0.05))
+    fit = fitted_overheads(tables=load_tables(tmp_path / "absent"), without=["spec_seq_ms"])
+    for k, v in truth.items():
+        assert fit[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
+    present = load_tables(tmp_path / "present")
+    without = fitted_overheads(tables=present, without=["spec_seq_ms"])
+    assert without["spec_seq_ms"] == 0 and without != fitted_overheads(tables=present)
+    with pytest.raises(ValueError, match="not fitted terms"):
+        fitted_overheads(tables=present, without=["no_such_ms"])
+
+
 def test_draft_pass_costs_the_larger_of_gpu_and_host_time():
     """A draft pass is launched layer by layer while the GPU runs: max(roofline, layers x host cost), not
     their sum (a 28-layer 7B draft cost ~5.3 ms on the H200 at batch 1, a 28-layer 0.6B about the same)."""

@@ -311,7 +311,12 @@ PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "plain_seq_ms": PLAIN_SEQ
 # The speculative step's terms that enter linearly, in the order of overhead_features(); the two per-layer
 # host costs (HOST_TERMS) sit inside a max() (draft_pass_ms), which _fit_spec_terms handles.
 SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_seq_ms", "moe_token_layer_ms")
+PLAIN_TERMS = ("plain_ms", "plain_seq_ms")  # a plain step's host overhead: per step, per sequence
 HOST_TERMS = ("draft_layer_ms", "draft_layer_mp_ms")  # per draft layer at TP=1 / TP>1
+# What leaving a fitted term out of the fit (fitted_overheads' `without`: bench/speedup.py --ablate) means: held at 0,
+# except a term named here, which then takes the value of the one it names (the TP>1 per-layer host cost: one
+# per-layer cost for every TP, not none at TP>1).
+TIED_WHEN_ABSENT = {"draft_layer_mp_ms": "draft_layer_ms"}
 ZERO_OVERHEADS = {k: 0.0 for k in PRIOR_OVERHEADS}
 
 
@@ -1008,7 +1013,7 @@ _FITTED: dict = {}  # modelled vLLM -> the fit on the shipped tables
 _FITTED_BY_TABLES: dict = {}
 
 
-def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None = None) -> dict:
+def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None = None, without=()) -> dict:
     """The prior's overhead constants refitted on calibration tables (all of them, or `tables`) of one modelled
     vLLM, by least squares on measured minus roofline step costs, relative to the measured step (the error that
     matters is relative):
@@ -1029,12 +1034,14 @@ def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None =
     none of its tables exercises, and the TP>1 per-layer host cost, when only TP=1 was measured there, is
     0.26's scaled by the ratio of the two versions' TP=1 costs (the same launches, on more ranks). A version
     with no table of its own gets 0.26's fit (and step_cost_model widens the band). `tables_key`
-    (VllmRules.tables_key) None is 0.26."""
+    (VllmRules.tables_key) None is 0.26. `without`: fitted terms left out of both fits (0.26's and the version's),
+    each held at 0 or tied (TIED_WHEN_ABSENT): the ablation of bench/speedup.py --ablate; such a fit is not cached."""
     wanted = tables_key_of(tables_key)
-    default = calibration_dir is None and tables is None
+    without = tuple(sorted(without))
+    default = calibration_dir is None and tables is None and not without
     if default and wanted in _FITTED:
         return _FITTED[wanted]
-    disk_key = _disk_key(calibration_dir, wanted) if tables is None else None
+    disk_key = _disk_key(calibration_dir, wanted) if tables is None and not without else None
     if disk_key is not None:
         cached = _read_disk_fit(disk_key)
         if cached is not None:
@@ -1043,16 +1050,16 @@ def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None =
             return cached
     if tables is None:
         tables = load_tables(calibration_dir)
-    out = _fit_overheads(tables_of_version(tables, None), PRIOR_OVERHEADS)
+    out = _fit_overheads(tables_of_version(tables, None), PRIOR_OVERHEADS, without)
     out.pop("host_terms_fitted")
     out["vllm_version"] = DEFAULT_TABLE_VLLM
     own = tables_of_version(tables, wanted) if wanted != DEFAULT_TABLE_VLLM else []
     if own:
         prior = dict({k: out[k] for k in PRIOR_OVERHEADS}, vllm_version=wanted)
-        out = _fit_overheads(own, prior)
+        out = _fit_overheads(own, prior, without)
         exercised = set(out.pop("host_terms_fitted"))
         tp1, mp = HOST_TERMS
-        if tp1 in exercised and mp not in exercised and prior[tp1] > 0:
+        if tp1 in exercised and mp not in exercised and mp not in without and prior[tp1] > 0:
             out[mp] = prior[mp] * out[tp1] / prior[tp1]
             out["scaled_from_tp1"] = 1.0  # said by step_cost_model at TP>1
     elif wanted != DEFAULT_TABLE_VLLM:
@@ -1064,11 +1071,16 @@ def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None =
     return out
 
 
-def _fit_overheads(tables, prior: dict) -> dict:
-    """fitted_overheads' least squares over `tables` (one modelled vLLM), starting from `prior`."""
+def _fit_overheads(tables, prior: dict, without=()) -> dict:
+    """fitted_overheads' least squares over `tables` (one modelled vLLM), starting from `prior`, with the terms in
+    `without` left out (held at 0, or tied: TIED_WHEN_ABSENT)."""
+    unknown = set(without) - set(PRIOR_OVERHEADS)
+    if unknown:
+        raise ValueError(f"not fitted terms: {sorted(unknown)} (fitted: {list(PRIOR_OVERHEADS)})")
+    prior = dict(prior, **{t: 0.0 for t in without if t not in TIED_WHEN_ABSENT})
     # load_tables keeps the parsed tables while their files are unchanged, so their identities key the fit: rank
     # asks once per candidate and must not refit 150 points each time.
-    tables_key = (tuple(id(t) for t in tables), tuple(sorted(prior.items())))
+    tables_key = (tuple(id(t) for t in tables), tuple(sorted(prior.items())), tuple(sorted(without)))
     if tables_key in _FITTED_BY_TABLES:
         return dict(_FITTED_BY_TABLES[tables_key][1])
     plain_rows, plain_gaps, samples = [], [], []
@@ -1083,18 +1095,25 @@ def _fit_overheads(tables, prior: dict) -> dict:
             plain_rows.append([w, pt.batch * w])
             plain_gaps.append((base_ms - pt.prior.base_step_ms) * w)
         # With every overhead zero the prior's draft pass is the draft's roofline and its verify the target's.
+        host = host_term(pt.table.tp)
         samples.append(_SpecSample(
-            w=1.0 / pt.step_ms, step_ms=pt.step_ms, k=pt.k, host=host_term(pt.table.tp), layers=pt.draft.num_layers,
+            w=1.0 / pt.step_ms, step_ms=pt.step_ms, k=pt.k, layers=pt.draft.num_layers,
+            host=TIED_WHEN_ABSENT[host] if host in without and host in TIED_WHEN_ABSENT else host,
             draft_roofline_ms=pt.prior.draft_forward_ms, verify_ms=pt.prior.verify_gpu_ms[pt.k],
             verify_host_ms=pt.prior.verify_host_ms[pt.k],
             first_roofline_ms=pt.prior.draft_first_ms.get(pt.k, pt.prior.draft_forward_ms),
             features=overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k), hidden_first=hidden))
     out = dict(prior, n_plain=len(plain_gaps), n_spec=len(samples), host_terms_fitted=[])
-    if len(plain_gaps) >= 2:
-        out["plain_ms"], out["plain_seq_ms"] = _nonneg_lstsq(plain_rows, plain_gaps)
+    plain_terms = [j for j, t in enumerate(PLAIN_TERMS) if t not in without]
+    if len(plain_gaps) >= 2 and plain_terms:
+        coef = _nonneg_lstsq([[r[j] for j in plain_terms] for r in plain_rows], plain_gaps)
+        out.update({PLAIN_TERMS[j]: c for j, c in zip(plain_terms, coef)})
     if len(samples) >= len(SPEC_TERMS) + 1:
-        out.update(_fit_spec_terms(samples, {t: out[t] for t in HOST_TERMS}))
-        out["host_terms_fitted"] = [t for t in HOST_TERMS if any(x.host == t for x in samples)]
+        out.update(_fit_spec_terms(samples, {t: out[t] for t in HOST_TERMS}, without))
+        out["host_terms_fitted"] = [t for t in HOST_TERMS if t not in without and any(x.host == t for x in samples)]
+    for t, to in TIED_WHEN_ABSENT.items():
+        if t in without:
+            out[t] = out[to]
     _FITTED_BY_TABLES[tables_key] = (list(tables), out)  # the tables are held so their ids stay theirs
     return dict(out)
 
@@ -1156,14 +1175,16 @@ class _SpecSample:
 _MOE_FEATURE = SPEC_TERMS.index("moe_token_layer_ms")
 
 
-def _fit_spec_terms(samples: list, host: dict) -> dict:
+def _fit_spec_terms(samples: list, host: dict, without=()) -> dict:
     """SPEC_TERMS and the per-layer host costs by non-negative least squares. A draft loop pass is
     max(roofline, layers x host cost) (draft_passes_ms): linear in the host cost where the host binds, so
     alternate between choosing the binding side per sample and solving the linear problem until the choice
     is stable (from the prior and two other starts; the smallest squared relative error wins). A term that
-    no sample exercises keeps its prior (left out of the fit)."""
-    host_terms = [t for t in HOST_TERMS if any(s.host == t for s in samples)]
+    no sample exercises keeps its prior (left out of the fit), and so does one in `without` (held at its prior, which
+    _fit_overheads set to 0)."""
+    host_terms = [t for t in HOST_TERMS if t not in without and any(s.host == t for s in samples)]
     terms = list(SPEC_TERMS) + host_terms
+    kept = [0.0 if t in without else 1.0 for t in SPEC_TERMS]  # an absent term's column is zero: never fitted
 
     moe_term = SPEC_TERMS[_MOE_FEATURE]
 
@@ -1173,6 +1194,7 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
             fixed_ms, host_layers = draft_loop_split(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first,
                                                      s.first_roofline_ms, s.verify_ms)
             verify_ms, feats = s.verify_and_features(h[moe_term])
+            feats = [f * m for f, m in zip(feats, kept)]
             fixed = verify_ms + fixed_ms
             host_cols = [host_layers if s.host == t else 0.0 for t in host_terms]
             rows.append([f * s.w for f in feats + host_cols])
@@ -1196,7 +1218,7 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
     alternated = list(HOST_TERMS) + [moe_term]
     best = None
     for start in (host, {t: 0.05 for t in HOST_TERMS}, {t: 0.4 for t in HOST_TERMS}):
-        h = dict(start, **{moe_term: 0.0})
+        h = dict(start, **{moe_term: 0.0}, **{t: 0.0 for t in HOST_TERMS if t in without})
         for _ in range(20):
             coef, new_h = solve(h)
             if all(abs(new_h[t] - h[t]) < 1e-12 for t in alternated):

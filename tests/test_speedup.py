@@ -253,38 +253,6 @@ def test_033_draft_model_uses_its_own_tables_and_overheads():
     assert e33.widened_for and any("method eagle3" in n for n in e33.notes)
 
 
-def test_predictor_learns_a_correction_and_validates_input(tmp_path):
-    pytest.importorskip("sklearn")
-    from draftfit.calibration.tables import load_tables
-    from draftfit.speedup.correction import SpeedupCorrector, fit_default, load_default, training_set
-
-    # Two configurations whose speculative steps are 25 % dearer than the roofline at batch >= 32.
-    dist = lambda b, k: 1.25 if b >= 32 else 1.0  # noqa: E731
-    _synthetic_table(tmp_path, distortion=dist)
-    _synthetic_table(tmp_path, target="Qwen3-8B", draft="Qwen3-0.6B", distortion=dist)
-    tables = load_tables(tmp_path)
-    ts = training_set(tables, overheads={"plain_ms": 0.6, "spec_ms": 1.6})
-    assert len(ts.y) == 2 * 4 * 4
-    report = fit_default(tables, model_dir=tmp_path / "models")
-    assert report.cv["method"].startswith("leave-one-configuration-out")
-    assert report.cv["mape_corrected"] < report.cv["mape_prior"]
-    loaded = load_default(tmp_path / "models")
-    # fit_default corrects the prior with overheads refitted on the same tables; corrected = measured.
-    from draftfit.speedup.stepcost import fitted_overheads
-
-    ts_fit = training_set(tables, overheads=fitted_overheads(tables=tables))
-    resid = loaded.model.predict(ts_fit.X) - ts_fit.y
-    assert max(abs(math.exp(r) - 1) for r in resid) < 0.05
-    with pytest.raises(ValueError):
-        loaded.model.predict([[1.0, 2.0]])
-    from sklearn.exceptions import NotFittedError
-
-    with pytest.raises(NotFittedError):
-        SpeedupCorrector().predict(ts.X)
-    with pytest.raises(ValueError):
-        SpeedupCorrector().fit([[float("nan")] * len(ts.X[0])] * 4, [0.0] * 4)
-
-
 def test_bench_runs_without_calibration(tmp_path):
     out = subprocess.run([sys.executable, "bench/speedup.py", "--calibration-dir", str(tmp_path), "--no-readme"],
                          capture_output=True, text=True, cwd=ROOT, check=True)
@@ -494,18 +462,24 @@ def test_eager_launch_constants_are_the_measured_ones():
         assert abs(pred / step - 1) < 0.10
 
 
-def test_one_loop_serves_training_and_the_benchmark(tmp_path):
-    """predictor.training_set and bench/speedup.py iterate the same calibration_points."""
+def test_one_loop_serves_the_fit_and_the_benchmark(tmp_path):
+    """bench/speedup.py scores the points of calibration_points, the loop the overhead fit reads, with the library's
+    prior at the fitted overheads, and carries no copy of the step-cost model."""
     from draftfit.calibration.tables import load_tables
-    from draftfit.speedup.correction import training_set
-    from draftfit.speedup.stepcost import calibration_points
+    from draftfit.speedup.predict import expected_tokens_per_step
+    from draftfit.speedup.stepcost import calibration_points, fitted_overheads
 
-    _synthetic_table(tmp_path)
+    bench = _bench("speedup")
+    _synthetic_table(tmp_path, distortion=lambda b, k: 1.1)
     tables = load_tables(tmp_path)
-    pts = list(calibration_points(tables))
-    ts = training_set(tables)
-    assert [(p.batch, p.k) for p in pts] == [(r["batch"], r["k"]) for r in ts.rows]
-    assert [p.measured for p in pts] == [r["measured"] for r in ts.rows]
+    ov = fitted_overheads(tables=tables)
+    pts = list(calibration_points(tables, overheads=ov))
+    cases: list = []
+    bench._score_held_out(tables[0], ov, cases, [])
+    assert [(p.batch, p.k) for p in pts] == [(c["batch"], c["k"]) for c in cases]
+    assert [p.measured for p in pts] == [c["measured"] for c in cases]
+    assert [c["draftfit"] for c in cases] == pytest.approx(
+        [expected_tokens_per_step(0.8, p.k) * p.prior.base_step_ms / p.prior.spec_step_ms[p.k] for p in pts])
     src = (ROOT / "bench" / "speedup.py").read_text()
     assert "calibration_points(" in src and "prior_step_cost(" not in src
 
@@ -650,36 +624,6 @@ def test_preregistered_predictions_are_scored_against_the_table_measured_afterwa
     assert "Best K among the measured K: batch 1:" in text and "inside the printed band" in text
     none, = bench.preregistered([t for t in tables if t.target != "Qwen3-8B"], folder=tmp_path)
     assert none["points"] == [] and "not measured yet" in bench.render_preregistered([none])
-
-
-def test_learned_correction_flag_never_crashes_on_a_stale_or_broken_model(tmp_path):
-    """The shipped model once pickled a class of a module the restructure renamed (draftfit.predictor): loading it
-    raised and `speedup --learned-correction` died with an internal error. A model that cannot be loaded is not
-    applied, and the CLI says so."""
-    pytest.importorskip("sklearn")
-    import shutil
-
-    from draftfit.speedup.correction import MODEL_DIR, MODEL_PATH, REPORT_PATH, load_default
-
-    out = subprocess.run(DRAFTFIT + ["speedup", "--target", "Qwen3-32B", "--draft", "Qwen3-1.7B", "--gpu", "H200",
-                                     "--alpha", "0.8", "--batch", "1", "--learned-correction", "--vllm-version", "0.26",
-                                     "--json"], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    import json as _json
-
-    import sklearn
-
-    report = _json.loads((MODEL_DIR / REPORT_PATH.name).read_text())
-    beats = report["cv"]["mape_corrected"] < report["cv"]["mape_prior"]
-    if report.get("sklearn_version") == sklearn.__version__:
-        # The shipped model loads where its cross-validation beats the roofline, and is refused where it does not
-        # (2026-12-02, tenth session: with the Qwen1.5-MoE restarts pooled, 17.1 % against the roofline's 16.8 %).
-        assert (load_default() is not None) == beats
-    broken = tmp_path / "models"
-    broken.mkdir()
-    shutil.copy(MODEL_DIR / REPORT_PATH.name, broken / REPORT_PATH.name)
-    (broken / MODEL_PATH.name).write_bytes(b"\x80\x04\x95garbage-not-a-pickle")
-    assert load_default(broken) is None
 
 
 def test_graph_limit_note_says_where_the_prior_prices_an_eager_verify():

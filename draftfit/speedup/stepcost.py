@@ -17,8 +17,8 @@ Two sources, the better one wins:
   and the draft's first pass run eager, each the longer of its GPU work and the host's launch time (measured per
   layer kind, EAGER_HOST_LAYER_MS); an MoE layer adds a cost per token for the B x K
   tokens the step adds (MOE_TOKEN_LAYER_MS). The constants below are priors; `fitted_overheads` refits them
-  from the calibration tables (calibration_points is the one loop over measured points that fitting, the
-  learned correction and bench/speedup.py share).
+  from the calibration tables (calibration_points is the one loop over measured points that fitting and
+  bench/speedup.py share).
 
 c (Leviathan et al. 2023's cost coefficient) = one draft forward / one plain target step, per batch.
 """
@@ -201,7 +201,7 @@ def untuned_moe_note(spec, gpu, *, tp: int, rules: VllmRules | None = None) -> s
                                    gpu=getattr(gpu, "name", str(gpu)), tp=tp)
 
 
-# Targets kept out of every fit (overheads, learned correction, leave-one-out) even once their table is measured:
+# Targets kept out of every fit (overheads, leave-one-out) even once their table is measured:
 # the held-out check of the MoE model, predicted before it ran (draftfit/data/predictions/, issue 16).
 HELD_OUT_TARGETS = ("Qwen3-30B-A3B",)
 
@@ -976,7 +976,7 @@ def calibration_points(tables, *, overheads: dict | None = None, include_held_ou
     HELD_OUT_TARGETS (unless `include_held_out`: scoring them, never fitting), tables of models or GPUs outside
     the catalog (e.g. a CPU test run) and tables of a drafter that is not a draft model (an EAGLE/MTP head, n-gram:
     vLLM 0.34's lease stored them beside the draft_model tables so that their layouts rest on them, but the fitted
-    terms are draft_model's). The one loop that fitting, training and the leave-one-out benchmark share."""
+    terms are draft_model's). The one loop that fitting and the leave-one-out benchmark share."""
     for t in tables:
         if not t.provenance.get("synthetic", True) or (t.target in HELD_OUT_TARGETS and not include_held_out):
             continue

@@ -316,9 +316,8 @@ def render(result: dict, summary: dict) -> str:
         "",
         f"Model: roofline forward passes + vLLM overheads (per step, per sequence; the first draft pass at its "
         f"roofline, as vLLM launches it while the target's verify still runs on the GPU; each further pass "
-        f"the larger of its roofline and its host launch time, a cost per draft layer (one constant at TP=1, "
-        f"where the model runs in the engine-core process, one at TP>1); per sequence per draft pass), fitted on the "
-        f"other configurations' steady-state step costs; where batch x (K+1) > 512 tokens miss the CUDA graphs, the "
+        f"the larger of its roofline and its host launch time, a cost per draft layer, one constant for every TP; an "
+        f"MoE layer's work per token the step adds), fitted on the other configurations' steady-state step costs; where batch x (K+1) > 512 tokens miss the CUDA graphs, the "
         f"verify and the first draft pass cost the longer of their GPU work and their launch time, measured per "
         f"layer (not fitted: eager-launch section). No learned correction: applied in none of these held-out folds "
         f"and worse forced on, it was removed (the record under section speedup-ablation)."
@@ -765,7 +764,7 @@ def evaluate_refit(tables, version: str = "0.34", without=()) -> dict:
     Splits: in-sample (all of `version`'s tables), GPU-crossed (fit on one GPU's tables, predict the other's) and
     leave-one-engine-out (each K engine start of each table held out, the rest of both GPUs fitted). `without`: fitted
     terms left out of the refits (fitted_overheads(without=...): the ablation, --ablate)."""
-    from draftfit.speedup.stepcost import fitted_overheads
+    from draftfit.speedup.stepcost import MIN_SPEC_SAMPLES, fitted_overheads
 
     own = _draft_model_tables(tables, version)
     others = [t for t in tables if t.modelled_vllm != version]
@@ -792,10 +791,11 @@ def evaluate_refit(tables, version: str = "0.34", without=()) -> dict:
         if not train:
             continue
         n_train = sum(len(t.batches) * len(t.ks) for t in train)
-        note = ("not a test of the refit: too few points to fit the speculative terms (5 needed), so only the "
-                "plain-step terms were refitted and the rest kept 0.26's" if n_train < 5 else "")
+        fitted = n_train >= MIN_SPEC_SAMPLES
+        note = ("" if fitted else f"not a test of the refit: too few points to fit the speculative terms "
+                f"({MIN_SPEC_SAMPLES} needed), so only the plain-step terms were refitted and the rest kept 0.26's")
         score(f"GPU-crossed: fit on {', '.join(sorted({t.gpu for t in train}))}, predict {g}", train, held, note)
-        splits[-1]["fitted"] = n_train >= 5
+        splits[-1]["fitted"] = fitted
     engines = [e for t in own for e in _per_engine(t)]
     loo_cur, loo_new, fits = [], [], []
     for i, held in enumerate(engines):
@@ -953,12 +953,6 @@ def evaluate_ablation(tables) -> dict:
             "fit": fitted_overheads(tables=tables), "fit_kept": fitted_overheads(tables=tables, without=removed)}
 
 
-def _absent_means(term: str) -> str:
-    from draftfit.speedup.stepcost import TIED_WHEN_ABSENT
-
-    return f"tied to {TIED_WHEN_ABSENT[term]}" if term in TIED_WHEN_ABSENT else "held at 0"
-
-
 def render_ablation(result: dict) -> tuple[str, list[str]]:
     """The section and the terms that stay."""
     from draftfit.speedup.stepcost import PRIOR_OVERHEADS
@@ -999,10 +993,10 @@ def render_ablation(result: dict) -> tuple[str, list[str]]:
         rd, lr = last[r["term"]]
         verdict = "removed" if r["term"] in removed else "kept"
         if r["term"] not in removed and lr["rise"] <= ABLATION_MARGIN:
-            verdict += (f": its own rise is within the margin, but left out after {', '.join(rd['removed_before'])} "
-                        f"the model is {lr['rise_full'] * 100:.2f} points above the reference on vLLM "
-                        f"{lr['split_full']}")
-        rows.append([f"`{r['term']}`", _absent_means(r["term"]), *cells(first["base"], r["without"]),
+            also = f" and {', '.join(rd['removed_before'])}" if rd["removed_before"] else ""
+            verdict += (f": its own rise is within the margin, but without it{also} the model is "
+                        f"{lr['rise_full'] * 100:.2f} points above the reference on vLLM {lr['split_full']}")
+        rows.append([f"`{r['term']}`", "held at 0", *cells(first["base"], r["without"]),
                      f"{r['rise'] * 100:+.2f}", verdict])
     steps = []
     for i, rd in enumerate(result["rounds"]):
@@ -1021,9 +1015,8 @@ def render_ablation(result: dict) -> tuple[str, list[str]]:
     split_names = " / ".join(f"vLLM {v}" for v in versions)
     text = (
         "Does each fitted step-cost term earn its place on tables it was not fitted on? Each term of "
-        "`stepcost.fitted_overheads` is left out (`fitted_overheads(without=...)`: held at 0, or tied to another "
-        "where its absence means one constant for both, `stepcost.TIED_WHEN_ABSENT`), the overheads refitted without "
-        "it in every fold, and the held-out splits scored through the loop and prediction path of the sections "
+        "`stepcost.fitted_overheads` is left out (`fitted_overheads(without=...)`: held at 0), the overheads refitted "
+        "without it in every fold, and the held-out splits scored through the loop and prediction path of the sections "
         "`speedup` and `vllm034-refit` (`evaluate`, `evaluate_refit`): vLLM 0.26's and 0.33's leave one configuration "
         "out, vLLM 0.34's leave one engine (K) out. Error: predicted / measured steady-state speedup - 1, the "
         "roofline prior with the fitted overheads (no table of the held-out pair read). Rule: a term stays only if "

@@ -58,7 +58,11 @@ Phases (the lead launches each as its own command):
   M034     vLLM 0.34, one GPU, memory only: 12 starts (dense, pairs, MoE, sliding window, EAGLE-3 head; util unset
            and 0.9; phases034), pre-registered (bench/preregister_v034.py)
   S034     vLLM 0.34, one GPU, timed: both 8B pairs, the Llama EAGLE-3 head and n-gram, most valuable first;
-           S034-first: its first six engines (one K per method and the baselines)
+           S034-first: its first six engines (one K per method and the baselines); S034-b: the second lease's order;
+           S034-c: the third lease's (H200 n-gram and head points, the Qwen pair's K table, MoE/sliding/head memory);
+           S034-c100: the same lease on an H100 (the Qwen pair, n-gram K5, the head at K1, the memory starts first)
+           S034-d / S034-d100: the fourth lease (H200 / H100): MoE, sliding-window and head memory starts first,
+           then the H200 n-gram and head points or the H100 Qwen pair's K 1 and 6, each beside its own baseline
 """
 
 from __future__ import annotations
@@ -558,7 +562,39 @@ def phases034() -> dict:
     order = [first[0]["id"], l8l1[2], first[5]["id"], first[4]["id"], l8l1[1], l8l1[6], l8l1[3],
              first[2]["id"], first[3]["id"], l8l1[4]]
     second = [by_id[i] for i in order] + [e for e in first + rest if e["id"] not in order]
+    # Third lease (2026-12-05, round 2 of the predictions: bench/preregister_v034.py --round 2, committed first): the
+    # H200 points of n-gram and the EAGLE-3 head beside a baseline of the same lease (issue 37), the second pair's K
+    # table (Qwen3-8B + Qwen3-0.6B: the 0.34 refit has only seen the Llama pair), then the memory starts not yet run
+    # (MoE pair, sliding window, the head at 8192 tokens), then the rest. Memory-only engines start, log and exit.
+    q = {k: engine(q8, q06, k, **timed)["id"] for k in (1, 2, 3, 4, 6)}
+    order3 = [first[0]["id"], first[5]["id"], first[4]["id"], first[2]["id"], q[4], q[2],
+              m034[4]["id"], m034[6]["id"], m034[8]["id"], l8l1[2], q[1], q[6], q[3], m034[5]["id"], m034[7]["id"]]
+    by_id.update({e["id"]: e for e in m034})
+    third = [by_id[i] for i in order3] + [e for e in first + rest + m034 if e["id"] not in order3]
+    # The same lease on an H100 (the kind lent most): its n-gram and EAGLE-3 K=3 tables exist (second lease), so
+    # the held-out engines there are the Qwen pair, the other K of n-gram and the head, and the memory starts.
+    e3k = {k: dict(engine(l8, e3, k, **timed), method="eagle3")["id"] for k in (1, 2, 4)}
+    ngk = {k: ngram_engine(l8, k, **timed)["id"] for k in (1, 5)}
+    order3h = [first[0]["id"], first[2]["id"], q[4], q[2], ngk[5], e3k[1], m034[4]["id"], m034[6]["id"],
+               m034[8]["id"], q[1], q[6], ngk[1], e3k[4], q[3], m034[5]["id"], m034[7]["id"]]
+    third_h100 = [by_id[i] for i in order3h] + [e for e in first + rest + m034 if e["id"] not in order3h]
+    # Fourth lease (2026-12-05 evening; same round-2 predictions, committed before the third lease): the memory starts
+    # no lease has reached yet (MoE pair, sliding window, the head at 8192 tokens) first, since they need no
+    # baseline; then a K table that only exists with its own lease's baseline: on an H100 the Qwen pair's K 1 and 6
+    # (K 2 and 4 came in the third lease beside its own baseline), on an H200 the n-gram and head points beside a
+    # Llama baseline. Each lease re-runs its baselines: host-bound steps move up to 2x between leases.
+    mem3 = [m034[4]["id"], m034[6]["id"], m034[8]["id"]]
+    order4h = mem3 + [first[2]["id"], q[1], q[6], m034[5]["id"], m034[7]["id"], q[3],
+                      first[0]["id"], ngk[5], e3k[1]]
+    order4 = mem3 + [first[0]["id"], first[5]["id"], first[4]["id"], m034[5]["id"], m034[7]["id"],
+                     first[2]["id"], q[4], q[2]]
+    fourth_h100 = [by_id[i] for i in order4h] + [e for e in first + rest + m034 if e["id"] not in order4h]
+    fourth = [by_id[i] for i in order4] + [e for e in first + rest + m034 if e["id"] not in order4]
     return {"M034": [("gpu0", "0", 110, m034)],
+            "S034-d": [("gpu0", "0", 110, fourth)],
+            "S034-d100": [("gpu0", "0", 110, fourth_h100)],
+            "S034-c": [("gpu0", "0", 110, third)],
+            "S034-c100": [("gpu0", "0", 110, third_h100)],
             "S034": [("gpu0", "0", 110, first + rest)],
             "S034-first": [("gpu0", "0", 110, first)],
             "S034-b": [("gpu0", "0", 110, second)]}

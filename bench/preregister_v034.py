@@ -39,16 +39,39 @@ GPU = "H200"
 OTHER_GPUS = {"H100-80GB": ("2026-12-05", 79.19)}  # torch total_memory 81082-81090 MiB (catalogs/gpus.yaml)
 
 
-def use_gpu(name: str) -> None:
-    """Point the module at `name`'s prediction files and memory total (H200: the 2026-12-04 files)."""
-    global GPU, GPU_TOTAL_GIB, MEMORY_OUT, STEP_OUT, COMMAND
-    if name == "H200":
+# --round 2 (2026-12-05, before the third 0.34 lease): the model after the first two leases were ingested and refit
+# (the 0.34 draft_model overheads, bench/speedup.py --refit 0.34; the KV reserve's reservation growth,
+# bench/memory034.py), predicted again for every engine, on either GPU, into files of their own. Round 1's files stay
+# as they were and are scored as they were.
+ROUNDS = {2: "2026-12-05-r2"}
+ROUND = 1
+STEP_MODEL = {
+    1: "speedup.predict.predict_speedup at vllm_version 0.34.0: no 0.34 table, so 0.26's tables and fitted overheads "
+       "(a CUDA-graphed draft loop, FIRST_DRAFT_PASS_HIDDEN['0.34']) with the band widened x1.5 "
+       "(UNCALIBRATED_VERSION_BAND_FACTOR)",
+    2: "speedup.predict.predict_speedup at vllm_version 0.34.0 after the first two leases: the pair's own 0.34 table "
+       "where one exists for this GPU (Llama-3.1-8B + Llama-3.2-1B: H200 K4, H100 K1/2/3/6; Llama-3.1-8B n-gram and "
+       "EAGLE-3 K3: H100 only), else the 0.34 draft_model overheads refit on those two Llama tables "
+       "(stepcost.fitted_overheads(tables_key='0.34')); heads and n-gram by their method's step path"}
+MEMORY_MODEL_R2 = ("; round 2: the KV reserve takes torch's reservation growth (memory.plan.SIZING_PEAK_FACTOR "
+                   "1.32, bench/memory034.py) and the margin scales with the allocated peak")
+
+
+def use_gpu(name: str, rnd: int = 1) -> None:
+    """Point the module at `name`'s prediction files of round `rnd` and its memory total (round 1, H200: the
+    2026-12-04 files)."""
+    global GPU, GPU_TOTAL_GIB, MEMORY_OUT, STEP_OUT, COMMAND, ROUND
+    ROUND = rnd
+    if name != "H200":
+        GPU_TOTAL_GIB = OTHER_GPUS[name][1]
+    GPU = name
+    if rnd == 1 and name == "H200":
         return
-    date, total = OTHER_GPUS[name]
-    GPU, GPU_TOTAL_GIB = name, total
+    date = ROUNDS[rnd] if rnd != 1 else OTHER_GPUS[name][0]
     MEMORY_OUT = PREDICTIONS / f"{date}_vllm034_memory__{name}.json"
     STEP_OUT = PREDICTIONS / f"{date}_vllm034_stepcost__{name}__tp1__a0.8.json"
-    COMMAND = f".venv/bin/python bench/preregister_v034.py --gpu {name} --write"
+    COMMAND = f".venv/bin/python bench/preregister_v034.py --gpu {name}" + (f" --round {rnd}" if rnd != 1 else "") \
+        + " --write"
 
 
 def engines() -> list[dict]:
@@ -144,12 +167,13 @@ def write() -> int:
     mem = {"what": f"draftfit's pre-registered KV tokens of every engine of phases M034 and S034 (vLLM 0.34.0, one "
                    "{GPU}, dummy weights), written before any ran; nothing of them is fitted. Score: `GPU KV cache "
                    "size: N tokens` of each engine's log against kv_tokens, goal within 1 %; the band is the model's "
-                   "own (peak, non-torch, graph pool, sizing-step peak up to 1.5x the profiled one). Do not "
+                   "own (peak, non-torch, graph pool, sizing-step reservation growth). Do not "
                    "regenerate.",
            "measured_by": "python3 bench/gpu_campaign.py --phase M034 then --phase S034 (resume with --skip)",
            "model": "draftfit/memory/plan.py kv_budget, engine/rules.py VLLM_RULES['0.34'] (kv_sizing measured: "
                     "v1/worker/extensible_kv_cache.py measure_kv_cache_bytes; block 64; util None -> 1.0; "
-                    "drafter CUDA graphs projected with the V2 per-graph constant)",
+                    "drafter CUDA graphs projected with the V2 per-graph constant)"
+                    + (MEMORY_MODEL_R2 if ROUND == 2 else ""),
            **_stamp(), "predictions": [predict_memory(s) for s in engines()]}
     steps = {"what": "draftfit's pre-registered step costs and speedups of phase S034's engines (vLLM 0.34.0, one "
                      f"{GPU}, synthetic acceptance 0.8, batches 1-128), written before any ran. Score: steady-state "
@@ -157,9 +181,7 @@ def write() -> int:
                      "K right; n-gram: spec_step_ms only (its acceptance is measured, not imposed). Do not "
                      "regenerate.",
              "measured_by": "python3 bench/gpu_campaign.py --phase S034",
-             "model": "speedup.predict.predict_speedup at vllm_version 0.34.0: no 0.34 table, so 0.26's tables "
-                      "and fitted overheads (a CUDA-graphed draft loop, FIRST_DRAFT_PASS_HIDDEN['0.34']) with the "
-                      "band widened x1.5 (UNCALIBRATED_VERSION_BAND_FACTOR)",
+             "model": STEP_MODEL[ROUND],
              "context_len": CONTEXT_LEN, **_stamp(), "predictions": predict_steps()}
     MEMORY_OUT.write_text(json.dumps(mem, indent=1) + "\n")
     STEP_OUT.write_text(json.dumps(steps, indent=1) + "\n")
@@ -243,9 +265,12 @@ def main(argv=None) -> int:
     ap.add_argument("--score", nargs="+", type=Path, metavar="RAW", help="score against M034/S034 lane files")
     ap.add_argument("--no-readme", action="store_true", help="with --score: print only")
     ap.add_argument("--gpu", default="H200", choices=["H200", *OTHER_GPUS],
-                    help="whose prediction files (H200: 2026-12-04; H100-80GB: 2026-12-05)")
+                    help="whose prediction files (round 1: H200 2026-12-04, H100-80GB 2026-12-05)")
+    ap.add_argument("--round", type=int, default=1, choices=[1, *ROUNDS],
+                    help="which pre-registration: 1 (before the first leases) or 2 (after their refit, 2026-12-05)")
     args = ap.parse_args(argv)
-    use_gpu(args.gpu)
+    use_gpu(args.gpu, args.round)
+    section_suffix = ("" if GPU == "H200" else f"-{GPU}") + ("" if args.round == 1 else f"-r{args.round}")
     if args.write:
         return write()
     if args.score:
@@ -256,8 +281,9 @@ def main(argv=None) -> int:
         print(text)
         if not args.no_readme:
             from bench._readme import write_section
-            write_section("vllm034-preregistered" + ("" if GPU == "H200" else f"-{GPU}"), text, command=".venv/bin/python bench/preregister_v034.py --score "
-                          + " ".join(str(p) for p in args.score))
+            write_section("vllm034-preregistered" + section_suffix, text,
+                          command=f".venv/bin/python bench/preregister_v034.py --gpu {GPU} --round {args.round} "
+                          "--score " + " ".join(str(p) for p in args.score))
         return 0
     if args.show:
         for p in (predict_memory(s) for s in engines()):

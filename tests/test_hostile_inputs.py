@@ -196,7 +196,7 @@ def test_corpus_size_and_ids():
     assert len(ids) == len(set(ids))
     assert len(CASES) >= 300
     commands = {c.argv[0] for c in CASES if c.argv}
-    assert {"rank", "check", "memory", "measure", "runs", "speedup", "calibrate", "fit", "serve-cmd",
+    assert {"rank", "check", "memory", "measure", "runs", "speedup", "calibrate", "serve-cmd",
             "launch-script", "preflight", "monitor", "catalog", "fixtures"} <= commands
 
 

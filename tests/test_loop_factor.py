@@ -43,7 +43,7 @@ def test_one_lease_is_not_enough(monkeypatch):
 
 def test_prior_charges_the_factor_beside_that_target_only():
     from draftfit.speedup.loop_factor import draft_loop_factor
-    from draftfit.speedup.stepcost import draft_layer_ms, fitted_overheads, gpu_spec, model_spec, prior_step_cost
+    from draftfit.speedup.stepcost import fitted_overheads, gpu_spec, model_spec, prior_step_cost
 
     ov, h200 = fitted_overheads(), gpu_spec("H200")
     qm, q06 = model_spec("Qwen1.5-MoE-A2.7B"), model_spec("Qwen3-0.6B")
@@ -54,7 +54,7 @@ def test_prior_charges_the_factor_beside_that_target_only():
         return sc.spec_step_ms[6] - sc.spec_step_ms[2]
 
     # Four more host-bound passes of 28 layers, each layer at the fitted cost times the factor.
-    assert loop(qm, q06) - loop(qm, q06, 1.0) == pytest.approx(4 * 28 * draft_layer_ms(ov, 1) * (f - 1), rel=1e-6)
+    assert loop(qm, q06) - loop(qm, q06, 1.0) == pytest.approx(4 * 28 * ov["draft_layer_ms"] * (f - 1), rel=1e-6)
     for t, d in [("Mixtral-8x7B", "Mistral-7B-v0.1"), ("Qwen3-8B", "Qwen3-0.6B"), ("Qwen3-30B-A3B", "Qwen3-0.6B")]:
         assert draft_loop_factor(model_spec(t), model_spec(d)) is None
         assert loop(model_spec(t), model_spec(d)) == loop(model_spec(t), model_spec(d), 1.0)

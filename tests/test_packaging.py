@@ -40,7 +40,7 @@ def test_wheel_installed_into_a_fresh_venv_runs_rank_from_another_folder(tmp_pat
     names = zipfile.ZipFile(wheel).namelist()
     for need in ("draftfit/catalogs/models.yaml", "draftfit/catalogs/gpus.yaml", "draftfit/catalogs/tokenizers.yaml",
                  "draftfit/catalogs/acceptance_priors.yaml", "draftfit/data/prompts/code.jsonl",
-                 "draftfit/data/reference/acceptance/code_T0.json", "draftfit/data/models/speedup_model.json"):
+                 "draftfit/data/reference/acceptance/code_T0.json"):
         assert need in names, need
     assert any(n.startswith("draftfit/data/calibration/") and n.endswith("__tp1.json") for n in names)
     assert any(n.startswith("draftfit/data/calibration/configs/") for n in names)

@@ -253,38 +253,6 @@ def test_033_draft_model_uses_its_own_tables_and_overheads():
     assert e33.widened_for and any("method eagle3" in n for n in e33.notes)
 
 
-def test_predictor_learns_a_correction_and_validates_input(tmp_path):
-    pytest.importorskip("sklearn")
-    from draftfit.calibration.tables import load_tables
-    from draftfit.speedup.correction import SpeedupCorrector, fit_default, load_default, training_set
-
-    # Two configurations whose speculative steps are 25 % dearer than the roofline at batch >= 32.
-    dist = lambda b, k: 1.25 if b >= 32 else 1.0  # noqa: E731
-    _synthetic_table(tmp_path, distortion=dist)
-    _synthetic_table(tmp_path, target="Qwen3-8B", draft="Qwen3-0.6B", distortion=dist)
-    tables = load_tables(tmp_path)
-    ts = training_set(tables, overheads={"plain_ms": 0.6, "spec_ms": 1.6})
-    assert len(ts.y) == 2 * 4 * 4
-    report = fit_default(tables, model_dir=tmp_path / "models")
-    assert report.cv["method"].startswith("leave-one-configuration-out")
-    assert report.cv["mape_corrected"] < report.cv["mape_prior"]
-    loaded = load_default(tmp_path / "models")
-    # fit_default corrects the prior with overheads refitted on the same tables; corrected = measured.
-    from draftfit.speedup.stepcost import fitted_overheads
-
-    ts_fit = training_set(tables, overheads=fitted_overheads(tables=tables))
-    resid = loaded.model.predict(ts_fit.X) - ts_fit.y
-    assert max(abs(math.exp(r) - 1) for r in resid) < 0.05
-    with pytest.raises(ValueError):
-        loaded.model.predict([[1.0, 2.0]])
-    from sklearn.exceptions import NotFittedError
-
-    with pytest.raises(NotFittedError):
-        SpeedupCorrector().predict(ts.X)
-    with pytest.raises(ValueError):
-        SpeedupCorrector().fit([[float("nan")] * len(ts.X[0])] * 4, [0.0] * 4)
-
-
 def test_bench_runs_without_calibration(tmp_path):
     out = subprocess.run([sys.executable, "bench/speedup.py", "--calibration-dir", str(tmp_path), "--no-readme"],
                          capture_output=True, text=True, cwd=ROOT, check=True)
@@ -345,14 +313,14 @@ def test_roofline_bytes_match_public_numbers():
 
 def test_fitted_overheads_recover_known_vllm_costs(tmp_path):
     """Tables generated with known overheads (none of them the priors) give those overheads back, every term
-    identified: per step, per sequence, per draft layer (TP=1 and TP>1), per sequence per draft pass and an MoE
+    identified: per step, per sequence, per draft layer (one for every TP, a TP=2 table among them) and an MoE
     layer's per-token work (with a first pass partly showing past a short MoE verify, and eager verifies of 640
     tokens, batch 128 at K=4 and 8, some bound by their GPU work with the MoE term, some by their launch time)."""
     from draftfit.calibration.tables import load_tables
     from draftfit.speedup.stepcost import PRIOR_OVERHEADS, fitted_overheads
 
     truth = {"plain_ms": 0.9, "plain_seq_ms": 0.012, "spec_ms": 1.1, "spec_seq_ms": 0.05, "draft_layer_ms": 0.2,
-             "draft_layer_mp_ms": 0.08, "draft_seq_ms": 0.02, "moe_token_layer_ms": 0.002}
+             "moe_token_layer_ms": 0.002}
     assert set(truth) == set(PRIOR_OVERHEADS) and all(truth[k] != PRIOR_OVERHEADS[k] for k in truth)
     for t, d, tp in [("Llama-3.1-8B", "Llama-3.2-1B", 1), ("Qwen3-8B", "Qwen3-0.6B", 1),
                      ("Llama-3.1-70B", "Llama-3.2-1B", 2), ("Qwen1.5-MoE-A2.7B", "Qwen1.5-0.5B", 1)]:
@@ -360,6 +328,28 @@ def test_fitted_overheads_recover_known_vllm_costs(tmp_path):
     fit = fitted_overheads(tables=load_tables(tmp_path))
     for k, v in truth.items():
         assert fit[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
+
+
+def test_a_term_left_out_of_the_fit_stays_absent_and_the_others_are_refitted(tmp_path):
+    """fitted_overheads(without=...) (bench/speedup.py --ablate): a term left out is held at 0 in every fit and never
+    fitted, and the other terms are fitted as before. Tables made with that term truly 0 give the rest back exactly;
+    made with it present, the fit without it is another fit, and the term stays 0 there."""
+    from draftfit.calibration.tables import load_tables
+    from draftfit.speedup.stepcost import fitted_overheads
+
+    truth = {"plain_ms": 0.9, "plain_seq_ms": 0.012, "spec_ms": 1.1, "spec_seq_ms": 0.0, "draft_layer_ms": 0.2,
+             "moe_token_layer_ms": 0.002}
+    for t, d in [("Llama-3.1-8B", "Llama-3.2-1B"), ("Qwen3-8B", "Qwen3-0.6B"), ("Qwen1.5-MoE-A2.7B", "Qwen1.5-0.5B")]:
+        _synthetic_table(tmp_path / "absent", target=t, draft=d, overheads=truth)
+        _synthetic_table(tmp_path / "present", target=t, draft=d, overheads=dict(truth, spec_seq_ms=0.05))
+    fit = fitted_overheads(tables=load_tables(tmp_path / "absent"), without=["spec_seq_ms"])
+    for k, v in truth.items():
+        assert fit[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
+    present = load_tables(tmp_path / "present")
+    without = fitted_overheads(tables=present, without=["spec_seq_ms"])
+    assert without["spec_seq_ms"] == 0 and without != fitted_overheads(tables=present)
+    with pytest.raises(ValueError, match="not fitted terms"):
+        fitted_overheads(tables=present, without=["no_such_ms"])
 
 
 def test_draft_pass_costs_the_larger_of_gpu_and_host_time():
@@ -373,7 +363,7 @@ def test_draft_pass_costs_the_larger_of_gpu_and_host_time():
 
     def pass_ms(layer_ms):
         return prior_step_cost(t, d, g, batch=1, k_values=[2], context_len=112,
-                               overheads={"draft_layer_ms": layer_ms, "draft_seq_ms": 0.0}).draft_forward_ms
+                               overheads={"draft_layer_ms": layer_ms}).draft_forward_ms
 
     assert pass_ms(0.0) == pytest.approx(roofline) == pytest.approx(pass_ms(0.9 * roofline / d.num_layers))
     assert pass_ms(0.25) == pytest.approx(d.num_layers * 0.25)  # host-bound: 7 ms, the GPU time hidden
@@ -472,18 +462,24 @@ def test_eager_launch_constants_are_the_measured_ones():
         assert abs(pred / step - 1) < 0.10
 
 
-def test_one_loop_serves_training_and_the_benchmark(tmp_path):
-    """predictor.training_set and bench/speedup.py iterate the same calibration_points."""
+def test_one_loop_serves_the_fit_and_the_benchmark(tmp_path):
+    """bench/speedup.py scores the points of calibration_points, the loop the overhead fit reads, with the library's
+    prior at the fitted overheads, and carries no copy of the step-cost model."""
     from draftfit.calibration.tables import load_tables
-    from draftfit.speedup.correction import training_set
-    from draftfit.speedup.stepcost import calibration_points
+    from draftfit.speedup.predict import expected_tokens_per_step
+    from draftfit.speedup.stepcost import calibration_points, fitted_overheads
 
-    _synthetic_table(tmp_path)
+    bench = _bench("speedup")
+    _synthetic_table(tmp_path, distortion=lambda b, k: 1.1)
     tables = load_tables(tmp_path)
-    pts = list(calibration_points(tables))
-    ts = training_set(tables)
-    assert [(p.batch, p.k) for p in pts] == [(r["batch"], r["k"]) for r in ts.rows]
-    assert [p.measured for p in pts] == [r["measured"] for r in ts.rows]
+    ov = fitted_overheads(tables=tables)
+    pts = list(calibration_points(tables, overheads=ov))
+    cases: list = []
+    bench._score_held_out(tables[0], ov, cases, [])
+    assert [(p.batch, p.k) for p in pts] == [(c["batch"], c["k"]) for c in cases]
+    assert [p.measured for p in pts] == [c["measured"] for c in cases]
+    assert [c["draftfit"] for c in cases] == pytest.approx(
+        [expected_tokens_per_step(0.8, p.k) * p.prior.base_step_ms / p.prior.spec_step_ms[p.k] for p in pts])
     src = (ROOT / "bench" / "speedup.py").read_text()
     assert "calibration_points(" in src and "prior_step_cost(" not in src
 
@@ -630,36 +626,6 @@ def test_preregistered_predictions_are_scored_against_the_table_measured_afterwa
     assert none["points"] == [] and "not measured yet" in bench.render_preregistered([none])
 
 
-def test_learned_correction_flag_never_crashes_on_a_stale_or_broken_model(tmp_path):
-    """The shipped model once pickled a class of a module the restructure renamed (draftfit.predictor): loading it
-    raised and `speedup --learned-correction` died with an internal error. A model that cannot be loaded is not
-    applied, and the CLI says so."""
-    pytest.importorskip("sklearn")
-    import shutil
-
-    from draftfit.speedup.correction import MODEL_DIR, MODEL_PATH, REPORT_PATH, load_default
-
-    out = subprocess.run(DRAFTFIT + ["speedup", "--target", "Qwen3-32B", "--draft", "Qwen3-1.7B", "--gpu", "H200",
-                                     "--alpha", "0.8", "--batch", "1", "--learned-correction", "--vllm-version", "0.26",
-                                     "--json"], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    import json as _json
-
-    import sklearn
-
-    report = _json.loads((MODEL_DIR / REPORT_PATH.name).read_text())
-    beats = report["cv"]["mape_corrected"] < report["cv"]["mape_prior"]
-    if report.get("sklearn_version") == sklearn.__version__:
-        # The shipped model loads where its cross-validation beats the roofline, and is refused where it does not
-        # (2026-12-02, tenth session: with the Qwen1.5-MoE restarts pooled, 17.1 % against the roofline's 16.8 %).
-        assert (load_default() is not None) == beats
-    broken = tmp_path / "models"
-    broken.mkdir()
-    shutil.copy(MODEL_DIR / REPORT_PATH.name, broken / REPORT_PATH.name)
-    (broken / MODEL_PATH.name).write_bytes(b"\x80\x04\x95garbage-not-a-pickle")
-    assert load_default(broken) is None
-
-
 def test_graph_limit_note_says_where_the_prior_prices_an_eager_verify():
     """The prior prices a verify over more than 512 tokens at its launch time (eager_forward_ms); the output says at
     which batch sizes and K that happens, with the launch times, and rank carries it on the row it concerns."""
@@ -712,10 +678,12 @@ def test_heads_pay_a_plain_steps_host_overhead_on_either_runner():
             assert p.spec_overhead_ms == pytest.approx(0.0, abs=1e-12)
 
 
-def test_ngram_and_suffix_steps_are_the_verify_a_plain_overhead_and_one_lookup_per_sequence():
-    """n-gram / suffix (vLLM source, docs/VLLM_VERSIONS.md "n-gram and suffix step path"): no draft pass, one lookup
-    per sequence, the terms add up to the step, and their sources say where vLLM keeps async scheduling on (0.34,
-    0.33's V2 n-gram) and where the plain overhead is only a floor (0.26, 0.33's suffix: async off, host lookup)."""
+def test_ngram_and_suffix_steps_are_the_verify_and_a_plain_overhead():
+    """n-gram / suffix (vLLM source, docs/VLLM_VERSIONS.md "n-gram and suffix step path"): no draft pass and no fitted
+    term of the draft_model tables (the lookup is not charged: the per-sequence draft term it borrowed was removed,
+    docs/benchmarks.md speedup-ablation), the terms add up to the step, and their sources say where vLLM keeps async
+    scheduling on (0.34, 0.33's V2 n-gram) and where the plain overhead is only a floor (0.26, 0.33's suffix: async
+    off, host lookup)."""
     from draftfit.catalog.specs import method_drafter
     from draftfit.speedup.stepcost import fitted_overheads, gpu_spec, model_spec, prior_step_cost
 
@@ -724,14 +692,12 @@ def test_ngram_and_suffix_steps_are_the_verify_a_plain_overhead_and_one_lookup_p
         p = prior_step_cost(t, method_drafter(method, t), g, batch=8, k_values=[1, 4], overheads=ov)
         for k in (1, 4):
             terms = p.terms[k]
-            assert set(terms) == {"verify", "fixed_host", "draft_lookup_per_seq"}
+            assert set(terms) == {"verify", "fixed_host"}
             assert sum(x["ms"] for x in terms.values()) == pytest.approx(p.spec_step_ms[k])
-            assert terms["draft_lookup_per_seq"]["ms"] == pytest.approx(8 * ov["draft_seq_ms"])  # not x K
+            assert p.spec_step_ms[k] == pytest.approx(p.verify_ms[k] + ov["plain_ms"] + 8 * ov["plain_seq_ms"])
             assert p.spec_step_ms[k] >= p.base_step_ms
         src = p.terms[4]["fixed_host"]["source"]
-        assert "0.34" in src and "floor on 0.26" in src and "suffix" in src
-        lookup = p.terms[4]["draft_lookup_per_seq"]["source"]
-        assert "ngram_proposer.py" in lookup and "Triton" in lookup
+        assert "0.34" in src and "floor on 0.26" in src and "suffix" in src and "lookup itself is not charged" in src
 
 
 def test_cli_prediction_without_acceptance_prices_the_pair_as_rank_does(tmp_path, monkeypatch, request):

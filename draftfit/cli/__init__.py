@@ -24,7 +24,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("draftfit.cli.commands.runs:runs", "List, show and export stored measurements."),
     "speedup": ("draftfit.cli.commands.speedup:speedup", "Expected speedup for a K, acceptance and step cost."),
     "calibrate": ("draftfit.cli.commands.calibrate:calibrate", "Measure step costs on a GPU (vLLM, dummy weights)."),
-    "fit": ("draftfit.cli.commands.fit:fit", "Retrain the best-K / speedup model on the store."),
     "serve-cmd": ("draftfit.cli.commands.launch:serve_cmd", "Print the vllm serve (or SGLang) command."),
     "launch-script": ("draftfit.cli.commands.launch:launch_script", "Write a launch script with checks and readout."),
     "preflight": ("draftfit.cli.commands.preflight:preflight", "All checks for one layout; exit 0/1/2 for CI."),

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from draftfit.acceptance.curve import _check_alpha, _check_curve, expected_tokens_per_step, extend_curve
 from draftfit.errors import DraftfitError
 from draftfit.rules import NO_SPECULATION_BELOW, best_k
-from draftfit.calibration.tables import DEFAULT_TABLE_VLLM
 from draftfit.engine.rules import VllmRules
 from draftfit.speedup.stepcost import step_cost_model
 
@@ -95,7 +94,6 @@ class SpeedupPrediction:
     recommended_k: int
     k_schedule: list | None  # vLLM num_speculative_tokens_per_batch_size [(lo, hi, K)] when K varies
     notes: list = field(default_factory=list)
-    corrected_by: str | None = None  # the learned model's name when it adjusted the numbers
     citation: str = LEVIATHAN
     context_len: int | None = None  # mean tokens of context per sequence the step costs assume
     # The key names every command's JSON shares for the same things (rank's candidates, serve-cmd, preflight).
@@ -183,12 +181,9 @@ def check_invariants(target: str, draft: str, batch: int, base_step_ms: float, p
 
 
 def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,), k_values=range(1, 9),
-                    context_len: int = 1024, calibration_dir=None, correction=None,
-                    rules: VllmRules | None = None, kv_dtype_bytes: int = 2,
+                    context_len: int = 1024, calibration_dir=None, rules: VllmRules | None = None, kv_dtype_bytes: int = 2,
                     predictor: str | None = None) -> SpeedupPrediction:
     """Predicted TPOT speedup for each K and batch size, best K per batch, band, verdict and K schedule.
-    correction: an optional learned correction (speedup.correction.load_default()), passed in by the caller;
-    off by default because cross-validation has not shown it beating the roofline (docs/benchmarks.md).
     rules: the Layout's engine.rules (whose step-cost tables; None: 0.26's tables, band as calibrated).
     predictor: a name in stepcost.PREDICTORS to force one ('roofline' where a table exists); None lets
     stepcost.select_predictor choose."""
@@ -236,13 +231,6 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
     notes = list(model.notes)
     if table is not None:
         notes.append(f"measured speedups are at the calibration's synthetic acceptance {table.acceptance}")
-    corrected_by = None
-    if correction is not None and not model.source.startswith("calibrated"):
-        if model.vllm_version == DEFAULT_TABLE_VLLM:
-            corrected_by = correction.apply(out, model, acc, tp, notes)
-        else:  # it learned the residuals of 0.26's prior (trained on 0.26 tables: speedup.correction)
-            notes.append(f"learned correction not applied: it is trained on vLLM {DEFAULT_TABLE_VLLM} tables, these "
-                         f"step costs are vLLM {model.vllm_version}'s")
     best_by_batch = {b: p.best_k for b, p in out.items()}
     schedule = k_schedule(best_by_batch)
     dominant = batches[0] if len(batches) == 1 else max(out, key=lambda b: out[b].speedup if out[b].best_k else 0)
@@ -259,5 +247,5 @@ def predict_speedup(target, draft, gpu, *, tp: int = 1, acceptance, batches=(1,)
         target=model.target, draft=model.draft, gpu=model.gpu, tp=tp, alpha=alpha,
         acceptance_curve=extend_curve(acc, max(ks)) if isinstance(acc, list) else [alpha ** (i + 1) for i in range(max(ks))],
         acceptance_source=acc_src, batches=out, source=model.source, verdict=verdict, recommended_k=recommended,
-        k_schedule=schedule, notes=notes, corrected_by=corrected_by, context_len=context_len, k=recommended,
+        k_schedule=schedule, notes=notes, context_len=context_len, k=recommended,
         decision=verdict, step_cost_vllm=model.vllm_version, vllm_version=rules.tables_key if rules else "")

@@ -12,13 +12,13 @@ Two sources, the better one wins:
   bookkeeping, async scheduling switched off with a draft model); its first draft pass costs its roofline
   (launched while the verify still runs on the GPU; what of its launch time outlasts the verify shows), each of
   the K-1 further passes the larger of its roofline and its host time (a cost per draft layer: the drafter
-  replays piecewise CUDA graphs with attention in between, and the GPU runs while the host launches), and every
-  pass a cost per sequence; and when batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify
+  replays piecewise CUDA graphs with attention in between, and the GPU runs while the host launches); and when
+  batch x (K+1) tokens exceed vLLM's largest captured graph (512) the verify
   and the draft's first pass run eager, each the longer of its GPU work and the host's launch time (measured per
   layer kind, EAGER_HOST_LAYER_MS); an MoE layer adds a cost per token for the B x K
   tokens the step adds (MOE_TOKEN_LAYER_MS). The constants below are priors; `fitted_overheads` refits them
-  from the calibration tables (calibration_points is the one loop over measured points that fitting, the
-  learned correction and bench/speedup.py share).
+  from the calibration tables (calibration_points is the one loop over measured points that fitting and
+  bench/speedup.py share).
 
 c (Leviathan et al. 2023's cost coefficient) = one draft forward / one plain target step, per batch.
 """
@@ -68,19 +68,20 @@ ALLREDUCE_US = 9.0  # per all-reduce at TP>1 (two per layer), small messages ove
 # works while the host launches, so a pass costs max(roofline, host time) and not their sum: on the H200
 # campaign a 28-layer 7B draft pass (3.7 ms of weight streaming) cost ~5.3 ms at batch 1, about what the
 # 28-layer 0.6B costs, while a 16-layer 1B cost ~3.5 ms.
+# One constant for every TP: at TP > 1 the model runs in worker processes apart from the engine core's scheduler
+# loop, but a constant of its own there (draft_layer_mp_ms, fitted on the 70B TP=2 tables) did not predict them
+# better held out (docs/benchmarks.md speedup-ablation) and was removed. So was a cost per sequence per draft pass
+# (draft_seq_ms: positions, slot mapping, next-token gather on the host), fitted at 0 on vLLM 0.26's tables.
 DRAFT_LAYER_MS = 0.21
-# The same host cost when TP > 1: the model then runs in worker processes apart from the engine core's
-# scheduler loop (70B TP=2 + 1B/8B drafts against the TP=1 pairs, fitted per TP).
-DRAFT_LAYER_MP_MS = 0.15
-DRAFT_SEQ_MS = 0.01  # per sequence per draft pass (positions, slot mapping, next-token gather on the host)
-# ngram and suffix have no model (catalog.specs.method_drafter: zero layers, zero weights): prior_step_cost charges
-# their lookup once per sequence per step (DRAFT_SEQ_MS), not K passes. Where vLLM runs that lookup depends on the
-# version (docs/VLLM_VERSIONS.md "n-gram and suffix step path per vLLM version"): on the host after the sampled tokens
-# are copied back on 0.26 (both) and 0.33 (suffix; ngram only on the V1 runner), as two Triton kernels on the GPU on
-# 0.34 (both) and 0.33's default V2 runner (ngram). Suffix's host tree walk (arctic-inference SuffixDecodingCache
-# add_active_response + speculate, 0.26/0.33 v1/spec_decode/suffix_decoding.py propose()) measured 12-21 us per
-# sequence per step on the shipped outputs (bench/suffix_replay.py, docs/benchmarks.md suffix-replay, this machine's
-# CPU, not the H200 host): above the 10 us DRAFT_SEQ_MS charged, so suffix's lookup term on 0.26/0.33 is low.
+# ngram and suffix have no model (catalog.specs.method_drafter: zero layers, zero weights): prior_step_cost prices
+# their step as the verify plus a plain step's host overhead, the lookup itself not charged (it borrowed the removed
+# draft_seq_ms, never measured for them). Where vLLM runs that lookup depends on the version (docs/VLLM_VERSIONS.md
+# "n-gram and suffix step path per vLLM version"): on the host after the sampled tokens are copied back on 0.26 (both)
+# and 0.33 (suffix; ngram only on the V1 runner), as two Triton kernels on the GPU on 0.34 (both) and 0.33's default
+# V2 runner (ngram). Suffix's host tree walk (arctic-inference SuffixDecodingCache add_active_response + speculate,
+# 0.26/0.33 v1/spec_decode/suffix_decoding.py propose()) measured 12-21 us per sequence per step on the shipped
+# outputs (bench/suffix_replay.py, docs/benchmarks.md suffix-replay, this machine's CPU, not the H200 host): 2.7 ms
+# at batch 128 that suffix's step on 0.26/0.33 is priced without.
 # A verify of batch x (K+1) tokens above vLLM's largest captured CUDA graph (512 tokens by default with a
 # draft) runs without a graph (seen: Llama-3.1-8B K=4 at batch 128). The draft's first pass reads the same
 # batch x (K+1) tokens, so it does too.
@@ -201,7 +202,7 @@ def untuned_moe_note(spec, gpu, *, tp: int, rules: VllmRules | None = None) -> s
                                    gpu=getattr(gpu, "name", str(gpu)), tp=tp)
 
 
-# Targets kept out of every fit (overheads, learned correction, leave-one-out) even once their table is measured:
+# Targets kept out of every fit (overheads, leave-one-out) even once their table is measured:
 # the held-out check of the MoE model, predicted before it ran (draftfit/data/predictions/, issue 16).
 HELD_OUT_TARGETS = ("Qwen3-30B-A3B",)
 
@@ -305,13 +306,17 @@ class StepCostModel:
 
 PRIOR_OVERHEADS = {"plain_ms": PLAIN_STEP_OVERHEAD_MS, "plain_seq_ms": PLAIN_SEQ_MS,
                    "spec_ms": SPEC_STEP_OVERHEAD_MS, "spec_seq_ms": SPEC_SEQ_MS, "draft_layer_ms": DRAFT_LAYER_MS,
-                   "draft_layer_mp_ms": DRAFT_LAYER_MP_MS,
-                   "draft_seq_ms": DRAFT_SEQ_MS,
                    "moe_token_layer_ms": MOE_TOKEN_LAYER_MS}
-# The speculative step's terms that enter linearly, in the order of overhead_features(); the two per-layer
-# host costs (HOST_TERMS) sit inside a max() (draft_pass_ms), which _fit_spec_terms handles.
-SPEC_TERMS = ("spec_ms", "spec_seq_ms", "draft_seq_ms", "moe_token_layer_ms")
-HOST_TERMS = ("draft_layer_ms", "draft_layer_mp_ms")  # per draft layer at TP=1 / TP>1
+# The fitted terms, each one earning its place on tables it was not fitted on (bench/speedup.py --ablate; a term left
+# out of a fit, fitted_overheads' `without`, is held at 0). The speculative step's terms that enter linearly, in the
+# order of overhead_features(); the per-layer host cost (HOST_TERM) sits inside a max() (draft_pass_ms), which
+# _fit_spec_terms handles.
+SPEC_TERMS = ("spec_ms", "spec_seq_ms", "moe_token_layer_ms")
+PLAIN_TERMS = ("plain_ms", "plain_seq_ms")  # a plain step's host overhead: per step, per sequence
+HOST_TERM = "draft_layer_ms"  # per draft layer, at every TP
+# A fit needs more speculative samples than the linear unknowns (SPEC_TERMS and HOST_TERM); with fewer, a version's
+# speculative terms keep 0.26's (bench/speedup.py --refit says so).
+MIN_SPEC_SAMPLES = len(SPEC_TERMS) + 2
 ZERO_OVERHEADS = {k: 0.0 for k in PRIOR_OVERHEADS}
 
 
@@ -354,22 +359,14 @@ def moe_extra_token_layers(target, draft, *, batch: int, k: int) -> float:
 
 def overhead_features(target, draft, *, batch: int, k: int) -> list[float]:
     """What each SPEC_TERMS coefficient multiplies in a speculative step of K drafts at this batch."""
-    return [1.0, float(batch), float(k * batch), moe_extra_token_layers(target, draft, batch=batch, k=k)]
+    return [1.0, float(batch), moe_extra_token_layers(target, draft, batch=batch, k=k)]
 
 
-def host_term(tp: int) -> str:
-    return HOST_TERMS[0] if tp == 1 else HOST_TERMS[1]
-
-
-def draft_layer_ms(overheads: dict, tp: int) -> float:
-    return overheads[host_term(tp)]
-
-
-def loop_layer_ms(target, draft, overheads: dict, tp: int, loop_factor: float | None = None) -> float:
+def loop_layer_ms(target, draft, overheads: dict, loop_factor: float | None = None) -> float:
     """The host cost per draft layer of `draft`'s passes beside `target`: the fitted draft_layer_ms, times the
     target's measured factor (loop_factor.draft_loop_factor; 1 for a target not measured). `loop_factor` given:
     that factor instead (bench/draft_loop_factor.py measures it against the model without one)."""
-    return draft_layer_ms(overheads, tp) * _loop_factor(target, draft, overheads, loop_factor)
+    return overheads[HOST_TERM] * _loop_factor(target, draft, overheads, loop_factor)
 
 
 def _loop_factor(target, draft, overheads: dict, loop_factor: float | None) -> float:
@@ -388,8 +385,8 @@ def _loop_factor(target, draft, overheads: dict, loop_factor: float | None) -> f
 # graphs for the first pass and one fused FULL graph for the K-1 decode passes, async scheduling on for every method
 # (config/vllm.py); it is priced as 0.26's graphed loop (first pass hidden), never as 0.33's eager one, with the
 # overheads fitted on 0.34's own draft_model tables (Llama-3.1-8B + Llama-3.2-1B on an H100 and an H200: the fused
-# decode graph costs about 0.08 ms per draft layer against 0.26's 0.21; docs/benchmarks.md section vllm034-refit,
-# where the fit on the H100 table predicts the H200 one at 20 % mean error against 42 % for 0.26's fit).
+# decode graph costs about 0.09 ms per draft layer against 0.26's 0.21; docs/benchmarks.md section vllm034-refit,
+# where the fit on the H100 table predicts the H200 one at 21 % mean error against 42 % for 0.26's fit).
 # Declared per version in engine/rules.py (VllmRules.first_draft_pass_hidden); this view keeps the old name.
 FIRST_DRAFT_PASS_HIDDEN = {m: r.first_draft_pass_hidden for m, r in VLLM_RULES.items()}
 
@@ -502,7 +499,7 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
     which model runner a head drafter runs on (head_on_async_runner); `loop_factor`: loop_layer_ms's."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
     loop_factor = _loop_factor(target, draft, ov, loop_factor)  # looked up once, not per K
-    layer_ms = loop_layer_ms(target, draft, ov, tp, loop_factor)
+    layer_ms = loop_layer_ms(target, draft, ov, loop_factor)
     hidden = first_pass_hidden(overheads)
     async_head = head_on_async_runner(target, draft, rules or _fit_rules(ov))
     kvb = kv_dtype_bytes  # --kv-cache-dtype: vLLM stores the target's and the draft's KV in it
@@ -511,7 +508,7 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
                             kv_dtype_bytes=kvb)
     if graph_miss(batch, 0):  # the draft's loop passes over B tokens run eagerly too
         draft_roof = eager_forward_ms(draft, draft_roof)
-    draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, layer_ms) + batch * ov["draft_seq_ms"]
+    draft_fwd = draft_pass_ms(draft_roof, draft.num_layers, layer_ms)
     spec, verify, band, first, verify_gpu, verify_host, terms = {}, {}, {}, {}, {}, {}, {}
     # A speculative step's host overhead beyond its passes: a plain step's where vLLM keeps async scheduling on
     # (heads_async_scheduling), else what the draft_model tables fitted (their steps run without it).
@@ -539,12 +536,12 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
         if no_forward:
             # n-gram / suffix: no draft forward at all, one lookup per sequence (host numba / arctic-inference tree
             # on 0.26 and 0.33's V1 runner, two Triton kernels on the V2 runner: docs/VLLM_VERSIONS.md "n-gram and
-            # suffix step path"), so the step is the verify of B x (K+1) tokens plus a plain step's host overhead and
-            # the lookup. The K+1 width is exact on the V2 runner (fixed-width drafts, a no-match slot filled with
+            # suffix step path"), so the step is the verify of B x (K+1) tokens plus a plain step's host overhead (the
+            # lookup not charged: DRAFT_LAYER_MS's comment). The K+1 width is exact on the V2 runner (fixed-width drafts, a no-match slot filled with
             # the last sampled token) and an upper bound on V1 (a sequence with no match verifies 1 token). Where
             # async scheduling is off (0.26; 0.33 suffix) the plain overhead, fitted with it on, is a floor. It
             # carries none of the draft_model tables' fitted fixed cost (spec_ms, spec_seq_ms): a draft model's.
-            spec[k] = verify[k] + fixed_ms + batch * ov["draft_seq_ms"]
+            spec[k] = verify[k] + fixed_ms
         elif async_head:
             # The head's K passes on the GPU one after another (the first over the B x (K+1) verified tokens), each
             # at most its launch time, and the host overhead of a plain step (head_on_async_runner): no fitted term.
@@ -552,9 +549,8 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
                                                                      layer_ms) + fixed_ms
         else:
             spec[k] = verify[k] + draft_passes_ms(k, draft_roof, draft.num_layers, layer_ms, hidden,
-                                                  first[k], verify_roof) \
-                + k * batch * ov["draft_seq_ms"] + fixed_ms
-        terms[k] = _step_terms(spec[k], verify[k], verify_host[k], fixed_ms, moe_ms, batch=batch, k=k, ov=ov,
+                                                  first[k], verify_roof) + fixed_ms
+        terms[k] = _step_terms(spec[k], verify[k], verify_host[k], fixed_ms, moe_ms, batch=batch, ov=ov,
                                no_forward=no_forward, async_head=async_head)
         host_ms, gpu_ms = draft_loop_host_and_gpu_ms(target, draft, gpu, batch=batch, k=k, tp=tp,
                                                      context_len=context_len, overheads=ov, loop_factor=loop_factor)
@@ -569,11 +565,10 @@ def prior_step_cost(target, draft, gpu, *, batch: int, k_values, tp: int = 1, co
 
 
 def _step_terms(spec_ms: float, verify_ms: float, verify_host_ms: float, fixed_ms: float, moe_ms: float, *,
-                batch: int, k: int, ov: dict, no_forward: bool, async_head: bool) -> dict:
+                batch: int, ov: dict, no_forward: bool, async_head: bool) -> dict:
     """prior_step_cost's speculative step as a named sum, each term tagged with its source; the terms add up to the
     step. `ov` says which vLLM tables the fitted terms were fitted on."""
     fit = f"fitted on vLLM {ov.get('vllm_version') or DEFAULT_TABLE_VLLM} draft_model tables"
-    seq_ms = batch * ov["draft_seq_ms"] * (1 if no_forward else k)
     out = {"verify": {"ms": verify_ms - moe_ms if verify_host_ms <= verify_ms - moe_ms else verify_ms,
                       "source": "roofline (target weights + KV over bandwidth, FLOPs); eager launch where the "
                                 "step misses the CUDA graphs: measured (EAGER_HOST_LAYER_MS)"}}
@@ -584,18 +579,13 @@ def _step_terms(spec_ms: float, verify_ms: float, verify_host_ms: float, fixed_m
         src = ("a plain step's host overhead, fitted on the tables' baselines (plain_ms, plain_seq_ms): vLLM 0.34 and "
                "0.33's V2 runner (ngram) keep async scheduling on; a floor on 0.26 and for 0.33's suffix, where "
                "config/vllm.py turns it off and the step runs the lookup after the sampled tokens reach the host "
-               "(docs/VLLM_VERSIONS.md n-gram and suffix step path)")
+               "(docs/VLLM_VERSIONS.md n-gram and suffix step path); the lookup itself is not charged (not measured)")
     elif heads_or_none:
         src = ("a plain step's host overhead, fitted on the tables' baselines (plain_ms, plain_seq_ms); vLLM source: "
                "async scheduling stays on for EAGLE/MTP heads (heads_async_scheduling)")
     else:
         src = f"{fit} (spec_ms, spec_seq_ms)"
     out["fixed_host"] = {"ms": fixed_ms, "source": src}
-    out["draft_lookup_per_seq" if no_forward else "draft_per_seq"] = {
-        "ms": seq_ms, "source": f"{fit} (draft_seq_ms)" + (
-            ", charged once per sequence for the lookup (host: v1/spec_decode/ngram_proposer.py numba, "
-            "suffix_decoding.py arctic-inference on 0.26/0.33's V1 runner; GPU: v1/worker/gpu/spec_decode/ngram, "
-            "suffix speculator.py Triton kernels on the V2 runner); not measured" if no_forward else "")}
     passes = spec_ms - sum(t["ms"] for t in out.values())
     if not no_forward:
         out["draft_passes"] = {"ms": passes, "source": "roofline per pass, or the host launch per draft layer "
@@ -713,7 +703,7 @@ def draft_loop_host_and_gpu_ms(target, draft, gpu, *, batch: int, k: int, tp: in
     and the step's GPU work (the verify of K+1 tokens with the MoE layers' per-token work, the first draft pass
     over the verified tokens and K-1 loop rooflines), in ms: the regime test behind the prior's band."""
     ov = {**PRIOR_OVERHEADS, **(overheads or {})}
-    host_ms = _host_launched_passes(k, ov) * draft.num_layers * loop_layer_ms(target, draft, ov, tp, loop_factor) \
+    host_ms = _host_launched_passes(k, ov) * draft.num_layers * loop_layer_ms(target, draft, ov, loop_factor) \
         + ((eager_host_ms(target) + eager_host_ms(draft)) if graph_miss(batch, k) else 0.0)
     gpu_ms = forward_ms(target, gpu, batch=batch, tokens_per_seq=k + 1, context_len=context_len, tp=tp) \
         + _moe_ms(target, draft, batch=batch, k=k, overheads=ov) \
@@ -893,9 +883,11 @@ def step_cost_model(target, draft, gpu, *, batches=(1,), k_values=range(1, 9), t
         notes.append(f"no calibration table for {t.name} + {d.name} on {g.name} TP={tp}: roofline prior with "
                      f"{fitted} (±{PRIOR_UNCERTAINTY_GPU_BOUND:.0%} where the GPU sets the step, "
                      f"±{PRIOR_UNCERTAINTY_HOST_BOUND:.0%} where the host does)")
-        if tp > 1 and ov.get("scaled_from_tp1"):
-            notes.append(f"no vLLM {ov['vllm_version']} table at TP>1: its per-layer draft host cost at TP={tp} is "
-                         f"0.26's scaled by the two versions' TP=1 ratio ({ov[HOST_TERMS[1]]:.2f} ms), not measured")
+        if tp > 1 and ov.get("tp1_only"):
+            notes.append(f"no vLLM {ov['vllm_version']} table at TP>1: its per-layer draft host cost at TP={tp} is the "
+                         f"one fitted at TP=1 ({ov[HOST_TERM]:.2f} ms; on vLLM 0.26 one constant for every TP predicted "
+                         f"the TP=2 tables held out as well as one per TP: docs/benchmarks.md speedup-ablation), not "
+                         f"measured")
     if table is None and d.is_eagle:  # EAGLE heads and MTP layers
         note = HEAD_ASYNC_NOTE if head_on_async_runner(t, d, runner_rules) else HEAD_PRIOR_NOTE
         notes.append(note.format(method=d.method))
@@ -971,7 +963,7 @@ def calibration_points(tables, *, overheads: dict | None = None, include_held_ou
     HELD_OUT_TARGETS (unless `include_held_out`: scoring them, never fitting), tables of models or GPUs outside
     the catalog (e.g. a CPU test run) and tables of a drafter that is not a draft model (an EAGLE/MTP head, n-gram:
     vLLM 0.34's lease stored them beside the draft_model tables so that their layouts rest on them, but the fitted
-    terms are draft_model's). The one loop that fitting, training and the leave-one-out benchmark share."""
+    terms are draft_model's). The one loop that fitting and the leave-one-out benchmark share."""
     for t in tables:
         if not t.provenance.get("synthetic", True) or (t.target in HELD_OUT_TARGETS and not include_held_out):
             continue
@@ -1008,15 +1000,15 @@ _FITTED: dict = {}  # modelled vLLM -> the fit on the shipped tables
 _FITTED_BY_TABLES: dict = {}
 
 
-def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None = None) -> dict:
+def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None = None, without=()) -> dict:
     """The prior's overhead constants refitted on calibration tables (all of them, or `tables`) of one modelled
     vLLM, by least squares on measured minus roofline step costs, relative to the measured step (the error that
     matters is relative):
       plain step:       gap = plain_ms + batch x plain_seq_ms
       speculative step: step - verify = first-pass roofline (over the B x (K+1) verified tokens; in a version
                                 where it does not hide, the max() below)
-                              + (K - 1) x max(draft roofline, draft layers x draft_layer_(mp_)ms)
-                              + spec_ms + batch x spec_seq_ms + K x batch x draft_seq_ms
+                              + (K - 1) x max(draft roofline, draft layers x draft_layer_ms)
+                              + spec_ms + batch x spec_seq_ms (+ the MoE layers' per-token work)
       where B x (K+1) tokens miss the CUDA graphs, the verify is max(its roofline + MoE work, its launch time)
       and the first pass max(its roofline, its launch time) (eager_forward_ms; measured, not fitted)
     All coefficients are kept non-negative; the max() makes the fit piecewise linear (_fit_spec_terms).
@@ -1026,15 +1018,16 @@ def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None =
     Versions: the overheads are what changed most between vLLM 0.26 and 0.33 (0.33 runs draft_model's K passes
     without CUDA graphs, with async scheduling on), so each modelled version is fitted on its own tables only.
     vLLM 0.26's fit starts from the priors; a later version's starts from 0.26's fit, which stands in for a term
-    none of its tables exercises, and the TP>1 per-layer host cost, when only TP=1 was measured there, is
-    0.26's scaled by the ratio of the two versions' TP=1 costs (the same launches, on more ranks). A version
-    with no table of its own gets 0.26's fit (and step_cost_model widens the band). `tables_key`
-    (VllmRules.tables_key) None is 0.26."""
+    none of its tables exercises (`tp1_only` says when its tables hold no TP>1 pair). A version with no table of
+    its own gets 0.26's fit (and step_cost_model widens the band). `tables_key` (VllmRules.tables_key) None is 0.26.
+    `without`: fitted terms left out of both fits (0.26's and the version's), each held at 0: the ablation of
+    bench/speedup.py --ablate; such a fit is not cached."""
     wanted = tables_key_of(tables_key)
-    default = calibration_dir is None and tables is None
+    without = tuple(sorted(without))
+    default = calibration_dir is None and tables is None and not without
     if default and wanted in _FITTED:
         return _FITTED[wanted]
-    disk_key = _disk_key(calibration_dir, wanted) if tables is None else None
+    disk_key = _disk_key(calibration_dir, wanted) if tables is None and not without else None
     if disk_key is not None:
         cached = _read_disk_fit(disk_key)
         if cached is not None:
@@ -1043,18 +1036,14 @@ def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None =
             return cached
     if tables is None:
         tables = load_tables(calibration_dir)
-    out = _fit_overheads(tables_of_version(tables, None), PRIOR_OVERHEADS)
-    out.pop("host_terms_fitted")
+    out = _fit_overheads(tables_of_version(tables, None), PRIOR_OVERHEADS, without)
     out["vllm_version"] = DEFAULT_TABLE_VLLM
     own = tables_of_version(tables, wanted) if wanted != DEFAULT_TABLE_VLLM else []
     if own:
         prior = dict({k: out[k] for k in PRIOR_OVERHEADS}, vllm_version=wanted)
-        out = _fit_overheads(own, prior)
-        exercised = set(out.pop("host_terms_fitted"))
-        tp1, mp = HOST_TERMS
-        if tp1 in exercised and mp not in exercised and prior[tp1] > 0:
-            out[mp] = prior[mp] * out[tp1] / prior[tp1]
-            out["scaled_from_tp1"] = 1.0  # said by step_cost_model at TP>1
+        out = _fit_overheads(own, prior, without)
+        if all(t.tp == 1 for t in own):
+            out["tp1_only"] = 1.0  # said by step_cost_model at TP>1
     elif wanted != DEFAULT_TABLE_VLLM:
         out["stands_in_for"] = wanted  # no table of the wanted version: 0.26's constants stand in
     if default:
@@ -1064,11 +1053,16 @@ def fitted_overheads(calibration_dir=None, tables=None, tables_key: str | None =
     return out
 
 
-def _fit_overheads(tables, prior: dict) -> dict:
-    """fitted_overheads' least squares over `tables` (one modelled vLLM), starting from `prior`."""
+def _fit_overheads(tables, prior: dict, without=()) -> dict:
+    """fitted_overheads' least squares over `tables` (one modelled vLLM), starting from `prior`, with the terms in
+    `without` left out (held at 0)."""
+    unknown = set(without) - set(PRIOR_OVERHEADS)
+    if unknown:
+        raise ValueError(f"not fitted terms: {sorted(unknown)} (fitted: {list(PRIOR_OVERHEADS)})")
+    prior = dict(prior, **{t: 0.0 for t in without})
     # load_tables keeps the parsed tables while their files are unchanged, so their identities key the fit: rank
     # asks once per candidate and must not refit 150 points each time.
-    tables_key = (tuple(id(t) for t in tables), tuple(sorted(prior.items())))
+    tables_key = (tuple(id(t) for t in tables), tuple(sorted(prior.items())), tuple(sorted(without)))
     if tables_key in _FITTED_BY_TABLES:
         return dict(_FITTED_BY_TABLES[tables_key][1])
     plain_rows, plain_gaps, samples = [], [], []
@@ -1084,17 +1078,17 @@ def _fit_overheads(tables, prior: dict) -> dict:
             plain_gaps.append((base_ms - pt.prior.base_step_ms) * w)
         # With every overhead zero the prior's draft pass is the draft's roofline and its verify the target's.
         samples.append(_SpecSample(
-            w=1.0 / pt.step_ms, step_ms=pt.step_ms, k=pt.k, host=host_term(pt.table.tp), layers=pt.draft.num_layers,
-            draft_roofline_ms=pt.prior.draft_forward_ms, verify_ms=pt.prior.verify_gpu_ms[pt.k],
+            w=1.0 / pt.step_ms, step_ms=pt.step_ms, k=pt.k, layers=pt.draft.num_layers, draft_roofline_ms=pt.prior.draft_forward_ms, verify_ms=pt.prior.verify_gpu_ms[pt.k],
             verify_host_ms=pt.prior.verify_host_ms[pt.k],
             first_roofline_ms=pt.prior.draft_first_ms.get(pt.k, pt.prior.draft_forward_ms),
             features=overhead_features(pt.target, pt.draft, batch=pt.batch, k=pt.k), hidden_first=hidden))
-    out = dict(prior, n_plain=len(plain_gaps), n_spec=len(samples), host_terms_fitted=[])
-    if len(plain_gaps) >= 2:
-        out["plain_ms"], out["plain_seq_ms"] = _nonneg_lstsq(plain_rows, plain_gaps)
-    if len(samples) >= len(SPEC_TERMS) + 1:
-        out.update(_fit_spec_terms(samples, {t: out[t] for t in HOST_TERMS}))
-        out["host_terms_fitted"] = [t for t in HOST_TERMS if any(x.host == t for x in samples)]
+    out = dict(prior, n_plain=len(plain_gaps), n_spec=len(samples))
+    plain_terms = [j for j, t in enumerate(PLAIN_TERMS) if t not in without]
+    if len(plain_gaps) >= 2 and plain_terms:
+        coef = _nonneg_lstsq([[r[j] for j in plain_terms] for r in plain_rows], plain_gaps)
+        out.update({PLAIN_TERMS[j]: c for j, c in zip(plain_terms, coef)})
+    if len(samples) >= MIN_SPEC_SAMPLES:
+        out.update(_fit_spec_terms(samples, out[HOST_TERM], without))
     _FITTED_BY_TABLES[tables_key] = (list(tables), out)  # the tables are held so their ids stay theirs
     return dict(out)
 
@@ -1110,7 +1104,9 @@ def _disk_key(calibration_dir, tables_key: str = DEFAULT_TABLE_VLLM) -> str | No
                 for f in (__file__, _tables_module.__file__, _drain_module.__file__) for st in [os.stat(f)]]
     except OSError:
         return None
-    return hashlib.sha256(json.dumps([str(folder.resolve()), files, code, tables_key]).encode()).hexdigest()[:20]
+    # the fitted terms too: a fit cached under another term list is never read back (PRIOR_OVERHEADS names them)
+    terms = list(PRIOR_OVERHEADS)
+    return hashlib.sha256(json.dumps([str(folder.resolve()), files, code, tables_key, terms]).encode()).hexdigest()[:20]
 
 
 def _fit_cache_path(key: str) -> Path:
@@ -1119,7 +1115,9 @@ def _fit_cache_path(key: str) -> Path:
 
 def _read_disk_fit(key: str) -> dict | None:
     data = read_json(_fit_cache_path(key))  # None: none yet, or unreadable: refit
-    ok = isinstance(data, dict) and all(isinstance(data.get(k), (int, float)) for k in PRIOR_OVERHEADS)
+    # exactly today's fitted terms: a fit of another term list (a removed term, draft_seq_ms, ...) is refitted
+    ok = isinstance(data, dict) and all(isinstance(data.get(k), (int, float)) for k in PRIOR_OVERHEADS) \
+        and {k for k in data if k.endswith("_ms")} == set(PRIOR_OVERHEADS)
     return data if ok else None
 
 
@@ -1134,7 +1132,6 @@ class _SpecSample:
     w: float  # 1 / measured step (relative errors)
     step_ms: float
     k: int
-    host: str  # which HOST_TERMS constant its draft layers pay
     layers: int
     draft_roofline_ms: float  # a loop pass (one token per sequence)
     first_roofline_ms: float  # the first pass, over the verified tokens (first_pass_roofline_ms)
@@ -1156,36 +1153,38 @@ class _SpecSample:
 _MOE_FEATURE = SPEC_TERMS.index("moe_token_layer_ms")
 
 
-def _fit_spec_terms(samples: list, host: dict) -> dict:
-    """SPEC_TERMS and the per-layer host costs by non-negative least squares. A draft loop pass is
-    max(roofline, layers x host cost) (draft_passes_ms): linear in the host cost where the host binds, so
-    alternate between choosing the binding side per sample and solving the linear problem until the choice
-    is stable (from the prior and two other starts; the smallest squared relative error wins). A term that
-    no sample exercises keeps its prior (left out of the fit)."""
-    host_terms = [t for t in HOST_TERMS if any(s.host == t for s in samples)]
-    terms = list(SPEC_TERMS) + host_terms
+def _fit_spec_terms(samples: list, layer_ms: float, without=()) -> dict:
+    """SPEC_TERMS and the per-layer host cost (HOST_TERM, starting from `layer_ms`) by non-negative least squares. A
+    draft loop pass is max(roofline, layers x host cost) (draft_passes_ms): linear in the host cost where the host
+    binds, so alternate between choosing the binding side per sample and solving the linear problem until the choice
+    is stable (from the prior and two other starts; the smallest squared relative error wins). A term that no sample
+    exercises keeps its prior (left out of the fit), and so does one in `without` (held at its prior, which
+    _fit_overheads set to 0)."""
+    terms = list(SPEC_TERMS) + ([] if HOST_TERM in without else [HOST_TERM])
+    kept = [0.0 if t in without else 1.0 for t in SPEC_TERMS]  # an absent term's column is zero: never fitted
 
     moe_term = SPEC_TERMS[_MOE_FEATURE]
 
     def solve(h: dict):
         rows, gaps = [], []
         for s in samples:
-            fixed_ms, host_layers = draft_loop_split(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first,
+            fixed_ms, host_layers = draft_loop_split(s.k, s.draft_roofline_ms, s.layers, h[HOST_TERM], s.hidden_first,
                                                      s.first_roofline_ms, s.verify_ms)
             verify_ms, feats = s.verify_and_features(h[moe_term])
+            feats = [f * m for f, m in zip(feats, kept)]
             fixed = verify_ms + fixed_ms
-            host_cols = [host_layers if s.host == t else 0.0 for t in host_terms]
-            rows.append([f * s.w for f in feats + host_cols])
+            host_col = [] if HOST_TERM in without else [host_layers]
+            rows.append([f * s.w for f in feats + host_col])
             gaps.append((s.step_ms - fixed) * s.w)
         used = [j for j in range(len(terms)) if any(r[j] for r in rows)]
         coef = dict(zip((terms[j] for j in used), _nonneg_lstsq([[r[j] for j in used] for r in rows], gaps)))
-        return coef, {**h, **{t: coef[t] for t in host_terms if t in coef}, moe_term: coef.get(moe_term, 0.0)}
+        return coef, {HOST_TERM: coef.get(HOST_TERM, h[HOST_TERM]), moe_term: coef.get(moe_term, 0.0)}
 
     def sse(coef: dict, h: dict) -> float:
         total = 0.0
         for s in samples:
             verify_ms, feats = s.verify_and_features(coef.get(moe_term, 0.0))
-            pred = verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[s.host], s.hidden_first,
+            pred = verify_ms + draft_passes_ms(s.k, s.draft_roofline_ms, s.layers, h[HOST_TERM], s.hidden_first,
                                                s.first_roofline_ms, s.verify_ms) \
                 + sum(coef.get(t, 0.0) * f for t, f in zip(SPEC_TERMS, feats))
             total += ((s.step_ms - pred) * s.w) ** 2
@@ -1193,10 +1192,10 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
 
     # The binding side of each max() (a draft loop pass's roofline or launch, an eager verify's GPU work or
     # launch) depends on the coefficients: alternate until the choices are stable.
-    alternated = list(HOST_TERMS) + [moe_term]
+    alternated = [HOST_TERM, moe_term]
     best = None
-    for start in (host, {t: 0.05 for t in HOST_TERMS}, {t: 0.4 for t in HOST_TERMS}):
-        h = dict(start, **{moe_term: 0.0})
+    for start in (layer_ms, 0.05, 0.4):
+        h = {HOST_TERM: 0.0 if HOST_TERM in without else start, moe_term: 0.0}
         for _ in range(20):
             coef, new_h = solve(h)
             if all(abs(new_h[t] - h[t]) < 1e-12 for t in alternated):
@@ -1207,7 +1206,8 @@ def _fit_spec_terms(samples: list, host: dict) -> dict:
             best = (err, coef, new_h)
     _, coef, h = best
     out = {t: coef[t] for t in SPEC_TERMS if t in coef}
-    out.update({t: h[t] for t in host_terms})
+    if HOST_TERM not in without:
+        out[HOST_TERM] = h[HOST_TERM]
     return out
 
 

@@ -17,7 +17,6 @@ from draftfit.acceptance.user_replay import user_acceptance
 from draftfit.catalog.specs import NO_MODEL_METHODS
 from draftfit.speedup.predict import predict_speedup, simple_speedup
 from draftfit.acceptance.store import MeasurementStore
-from draftfit.speedup.correction import load_default
 from draftfit.catalog.shapes import act_dtype, as_served, kv_dtype_bytes
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.layout import (KV_CACHE_DTYPES, check_batches, check_choice, check_float, check_int, check_k, check_quantization,
@@ -49,7 +48,7 @@ def _acceptance_from_run(run_id: int):
 # (parameter, option) pairs only prediction mode reads.
 _PREDICTION_ONLY = (("tp", "--tp"), ("batch_text", "--batch"), ("context_len", "--context-len"),
                     ("quantization", "--quantization"), ("kv_cache_dtype", "--kv-cache-dtype"),
-                    ("learned_correction", "--learned-correction"), ("vllm_version", "--vllm-version"))
+                    ("vllm_version", "--vllm-version"))
 
 
 @click.command(name="speedup")
@@ -67,8 +66,6 @@ _PREDICTION_ONLY = (("tp", "--tp"), ("batch_text", "--batch"), ("context_len", "
 @click.option("--quantization", default="auto", show_default=True,
               help="Target weights: auto (the checkpoint's own), none, fp8, awq, gptq, bitsandbytes, mxfp4.")
 @click.option("--kv-cache-dtype", default="auto", show_default=True, help="KV cache dtype: auto or fp8.")
-@click.option("--learned-correction", is_flag=True,
-              help="Apply the learned correction of `draftfit fit` to the roofline (off: it has not beaten it).")
 @click.option("--vllm-version", default=None,
               help="vLLM whose step-cost tables to use (default: the installed GPU vLLM, else the newest modelled); "
                    "the band is widened where that version has none.")
@@ -86,7 +83,7 @@ _PREDICTION_ONLY = (("tp", "--tp"), ("batch_text", "--batch"), ("context_len", "
               help="Print each speculative step as a named sum of terms with their sources (roofline prior).")
 @json_option
 def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_text, context_len, quantization,
-            kv_cache_dtype, learned_correction, vllm_version, workload, temperature, prompts_file, plot_path, explain,
+            kv_cache_dtype, vllm_version, workload, temperature, prompts_file, plot_path, explain,
             as_json):
     """Expected speedup for a K, acceptance and step cost (Leviathan et al. 2023), or, with --target,
     --draft and --gpu, the predicted TPOT speedup per K and batch size from calibrated or roofline step costs.
@@ -183,14 +180,9 @@ def speedup(alpha, curve_text, run_id, k_text, c, target, draft, gpu, tp, batch_
             acceptance, mixture = est, est.mixture
             acc_source = (f"{est.source}" + ("" if workload in est.source else f", {workload}")
                           + f", T={temperature:g}, band {est.low:.2f}-{est.high:.2f}; {est.citation}")
-        correction = load_default() if learned_correction else None
         pred = predict_speedup(t_spec, d_spec, gpu, tp=tp, acceptance=acceptance, batches=batches,
-                               k_values=ks, context_len=context_len, correction=correction, rules=engine.rules,
+                               k_values=ks, context_len=context_len, rules=engine.rules,
                                kv_dtype_bytes=kv_dtype_bytes(kv_cache_dtype, act_dtype(None, t_spec)[1]))
-        if learned_correction and correction is None:
-            pred.notes.append("learned correction not applied: none is trained for this scikit-learn, or its "
-                              "leave-one-configuration-out error does not beat the roofline's "
-                              "(draftfit/data/models/speedup_model.json, cv); retrain with `draftfit fit`")
         pred.acceptance_source = acc_source
         pred.vllm_version = engine.version
         pred.notes.insert(0, engine.note)

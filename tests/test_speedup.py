@@ -761,3 +761,23 @@ def test_cli_prediction_without_acceptance_prices_the_pair_as_rank_does(tmp_path
     assert res.exit_code == 2 and "--temperature" in res.output and "Traceback" not in res.output
     res = run(cli, ["speedup", "--k", "4", "--c", "0.1"])
     assert res.exit_code == 2 and "no acceptance given" in res.output
+
+
+def test_vllm034_refit_holds_out_whole_configurations():
+    """bench/speedup.py --refit 0.34: each configuration-out fold fits on no table of the pair and GPU it predicts,
+    and the refit is kept only if it beats the stand-in prior on every fitted held-out split (a test that fails when
+    a fold reads its own table or when the refit stops helping on the held-out pair)."""
+    sys.path.insert(0, str(ROOT))
+    from bench.speedup import _mae, evaluate_refit, render_refit
+    from draftfit.calibration.tables import load_tables
+
+    result = evaluate_refit(load_tables(), "0.34")
+    folds = [s for s in result["splits"] if s["name"].startswith("configuration out")]
+    assert len(result["tables"]) >= 3 and len(folds) == len(result["tables"])
+    for s in folds:
+        (held,) = s["held"]
+        assert held not in s["train"] and s["train"]
+        assert all(h.split(" K")[0] != t.split(" K")[0] for h in s["held"] for t in s["train"])
+    fitted = [s for s in folds if s.get("fitted")]
+    assert fitted and all(_mae(s["refit"]) < _mae(s["current"]) for s in fitted)
+    assert render_refit(result)[1]

@@ -23,7 +23,6 @@ from draftfit.engine import EngineTarget, check_version, resolve_target
 from draftfit.engine.rules import VllmRules
 
 DEFAULT_GPU = "H100-80GB"
-DEFAULT_UTIL = 0.9
 MAX_BATCH = 16384  # far above any max_num_seqs vLLM defaults to (1024 on the largest GPUs)
 MIN_CONTEXT = 256  # below this no chat or code request fits; vLLM itself accepts less, nobody serves it
 MAX_TEMPERATURE = 2.0  # the OpenAI-compatible API's range
@@ -42,7 +41,9 @@ class Layout:
     target: ModelSpec  # resolved once; a local folder that matches a catalog entry is that entry
     gpu: GpuSpec | None  # None: no GPU given where none is needed (serve-cmd without --gpu)
     tp: int  # tensor-parallel size of target and draft (vLLM's draft_model needs equal TP)
-    util: float  # gpu_memory_utilization, in (0, 1]
+    # gpu_memory_utilization in (0, 1]; None: not given, so vLLM's own default for the version (the plan resolves
+    # it through VllmRules.resolved_util, and the serve command leaves the flag out, as the user would).
+    util: float | None
     max_model_len: int  # the context every memory figure assumes
     batches: tuple[int, ...]  # batch sizes the speedup is predicted at, sorted, distinct
     workload: str  # one of rules.WORKLOADS: which prompt set / prior feature
@@ -60,9 +61,15 @@ class Layout:
     # (memory accounting, step-cost tables, start-up rules, serve flags). The one source of the version.
     engine: EngineTarget = field(default_factory=resolve_target)
 
+    @property
+    def planned_util(self) -> float:
+        """The gpu_memory_utilization the memory was planned at (the version's default when --util was not given)."""
+        return self.engine.rules.resolved_util(self.util)
+
     def to_dict(self) -> dict:
         return {"target": self.target.name, "target_hub_id": self.target.hub_id, "target_path": self.target.local_path,
-                "gpu": self.gpu.name if self.gpu else None, "tp": self.tp, "util": self.util,
+                "gpu": self.gpu.name if self.gpu else None, "tp": self.tp, "util": self.planned_util,
+                "util_given": self.util is not None,
                 "max_model_len": self.max_model_len, "batches": list(self.batches), "workload": self.workload,
                 "temperature": self.temperature, "k": self.k, "dtype": self.dtype, "quantization": self.quantization,
                 "kv_cache_dtype": self.kv_cache_dtype, "max_num_seqs": self.max_num_seqs,
@@ -88,7 +95,7 @@ def check_util(util) -> float:
     v = _finite(util, "--util")
     if not 0.0 < v <= 1.0:
         raise DraftfitError(f"--util {util} is outside (0, 1]: it is the share of GPU memory vLLM may use",
-                            fix="pass --util between 0.5 and 0.95 (vLLM's default is 0.9)")
+                            fix="pass --util between 0.5 and 0.95, or leave it out for vLLM's own default")
     return v
 
 
@@ -354,7 +361,7 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
     if spec.is_eagle:
         raise DraftfitError(f"{spec.name} is an EAGLE head, not a target model",
                             fix=f"use the model it drafts for: {', '.join(spec.draft_for) or 'see its card'}")
-    util_v = check_util(DEFAULT_UTIL if util is None else util)
+    util_v = None if util is None else check_util(util)
     temp = check_temperature(temperature)
     wl = check_choice(workload, WORKLOADS, "--workload")
     bs = check_batches(batches)

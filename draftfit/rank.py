@@ -136,7 +136,7 @@ class RankResult:
         lay = self.layout
         return {
             "target": lay.target.name, "target_hub_id": lay.target.hub_id, "gpu": lay.gpu.name, "tp": lay.tp,
-            "max_model_len": lay.max_model_len, "max_num_seqs": lay.max_num_seqs, "util": lay.util, "workload": lay.workload,
+            "max_model_len": lay.max_model_len, "max_num_seqs": lay.max_num_seqs, "util": lay.planned_util, "util_given": lay.util is not None, "workload": lay.workload,
             "temperature": lay.temperature, "batches": list(lay.batches), "vllm_version": lay.engine.version,
             "vllm_modelled": lay.engine.modelled, "layout_notes": list(lay.notes),
             "gpu_note": next((n for n in lay.notes if n.startswith("GPU not given")), ""),

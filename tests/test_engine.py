@@ -116,14 +116,20 @@ def test_the_printed_command_serves_the_util_that_was_ranked():
         assert out.exit_code == 0, out.output
         return json.loads(out.stdout)
 
-    default = rank()  # planned at 0.9 on 0.34, whose unset default is 1.0: the command must say 0.9
-    assert default["util"] == 0.9 and _flag(default["serve_command"]) == "0.9"
-    assert _flag(rank("--util", "0.8")["serve_command"]) == "0.8"
-    assert _flag(rank("--vllm-version", "0.26.0")["serve_command"]) is None  # 0.9 is 0.26's own default
-    # serve-cmd: with a GPU the memory is planned (at 0.9 unless given) and the command carries it; without one
-    # nothing is planned and vLLM's default stands.
-    out = CliRunner().invoke(cli, ["serve-cmd", "Llama-3.1-8B", "Llama-3.2-1B", "--gpu", "H200", "--json"])
-    assert out.exit_code == 0 and _flag(json.loads(out.stdout)["text"]) == "0.9", out.output
+    # --util not given: planned at the version's own default (0.34: unset, read as 1.0 by its extensible KV cache),
+    # and the command leaves the flag out, as vLLM then runs at that default.
+    default = rank()
+    assert (default["util"], default["util_given"]) == (1.0, False) and _flag(default["serve_command"]) is None
+    given = rank("--util", "0.8")
+    assert (given["util"], given["util_given"]) == (0.8, True) and _flag(given["serve_command"]) == "0.8"
+    assert rank("--vllm-version", "0.26.0")["util"] == 0.9  # 0.26's own default
+    assert _flag(rank("--vllm-version", "0.26.0", "--util", "0.9")["serve_command"]) is None  # = its default
+    assert _flag(rank("--vllm-version", "0.33.0", "--util", "0.9")["serve_command"]) == "0.9"  # 0.33's is 0.92
+    # serve-cmd: with a GPU the memory is planned (at the version's default unless given) and the command carries
+    # only a util that differs from it; without one nothing is planned and vLLM's default stands.
+    out = CliRunner().invoke(cli, ["serve-cmd", "Llama-3.1-8B", "Llama-3.2-1B", "--gpu", "H200", "--util", "0.85",
+                                   "--json"])
+    assert out.exit_code == 0 and _flag(json.loads(out.stdout)["text"]) == "0.85", out.output
     out = CliRunner().invoke(cli, ["serve-cmd", "Llama-3.1-8B", "Llama-3.2-1B", "--json"])
     assert out.exit_code == 0 and _flag(json.loads(out.stdout)["text"]) is None, out.output
 

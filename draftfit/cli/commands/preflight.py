@@ -23,7 +23,9 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "red"}
 @click.option("--tp", type=int, default=1, show_default=True)
 @click.option("--k", "k", type=int, default=4, show_default=True, help="Speculative tokens you plan to serve with.")
 @click.option("--max-model-len", type=int, default=None)
-@click.option("--util", type=float, default=0.9, show_default=True)
+@click.option("--util", type=float, default=None,
+              help="gpu_memory_utilization (default: left unset, so the vLLM version's own default, as vLLM runs "
+                   "without the flag).")
 @click.option("--batch", type=int, default=1, show_default=True, help="Batch size the speedup check is for.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default="chat", show_default=True,
               help="Which traffic: " + WORKLOAD_HELP + ".")
@@ -48,7 +50,7 @@ def preflight(ctx, target, draft, gpu, tp, k, max_model_len, util, batch, worklo
     check_k(k)
     if max_model_len is not None:
         check_int(max_model_len, "--max-model-len", MIN_CONTEXT, 10**7, fix="e.g. --max-model-len 8192")
-    util = check_util(util)
+    util = None if util is None else check_util(util)
     check_batches((batch,))
     temperature = check_temperature(temperature)
     check_vllm_version(vllm_version)

@@ -13,13 +13,19 @@ def _fresh():
     stepcost._FITTED_BY_TABLES.clear()
 
 
-def test_disk_cache_equals_a_refit_and_follows_the_tables(tmp_path, monkeypatch):
+def _four_tables(tmp_path, monkeypatch):
+    """A table folder of four shipped tables, a fresh disk cache beside it and no fit in memory."""
     monkeypatch.setenv("DRAFTFIT_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "tables"
     folder.mkdir()
     for p in sorted(CALIBRATION_DIR.glob("*.json"))[:4]:
         shutil.copy(p, folder / p.name)
     _fresh()
+    return folder
+
+
+def test_disk_cache_equals_a_refit_and_follows_the_tables(tmp_path, monkeypatch):
+    folder = _four_tables(tmp_path, monkeypatch)
     first = stepcost.fitted_overheads(folder)
     assert list((tmp_path / "cache" / "fitted-overheads").glob("*.json"))
     _fresh()
@@ -63,12 +69,7 @@ def test_method_replay_disk_cache_equals_a_fresh_replay(tmp_path, monkeypatch):
 def test_a_cached_fit_of_another_term_list_is_never_read(tmp_path, monkeypatch):
     """The disk key names the fitted terms, and a cached fit whose terms are not today's (one of a removed term, such
     as draft_seq_ms before the ablation of docs/benchmarks.md speedup-ablation) is refitted, not read back."""
-    monkeypatch.setenv("DRAFTFIT_CACHE", str(tmp_path / "cache"))
-    folder = tmp_path / "tables"
-    folder.mkdir()
-    for p in sorted(CALIBRATION_DIR.glob("*.json"))[:4]:
-        shutil.copy(p, folder / p.name)
-    _fresh()
+    folder = _four_tables(tmp_path, monkeypatch)
     fresh = stepcost.fitted_overheads(folder)
     key = stepcost._disk_key(folder, "0.26")
     monkeypatch.setattr(stepcost, "PRIOR_OVERHEADS", {**stepcost.PRIOR_OVERHEADS, "draft_seq_ms": 0.01})

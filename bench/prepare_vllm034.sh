@@ -20,7 +20,10 @@ here=$(cd "$(dirname "$0")" && pwd)/vllm034
 repack=$(cd "$(dirname "$0")" && pwd)/vllm033/repack.py
 DEST=${1:-.gpu034}
 XZ_THREADS=${XZ_THREADS:-2}
-PART_BYTES=${PART_BYTES:-50000000}
+# Each device call carries the working tree beside one part, 64 MiB in all: parts are as large as what the tree
+# (tracked and untracked-not-ignored files, as the device copies it) leaves, less 4 MB of margin.
+TREE_BYTES=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+PART_BYTES=${PART_BYTES:-$(( 64 * 1048576 - TREE_BYTES - 4000000 ))}
 mkdir -p "$DEST/tools/extra_whl"
 PLAT="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64
   --platform manylinux_2_24_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_17_x86_64
@@ -73,7 +76,7 @@ ${PYTHON:-.venv/bin/python} "$here/../serve_commands.py" --out "$DEST/tools/serv
 last=$(ls -d "$DEST"/c[0-9]* 2>/dev/null | sed 's/.*\/c//' | sort -n | tail -1)
 [ -n "$last" ] || { echo "[prepare] no chunks in $DEST yet: run without --tools-only first"; exit 6; }
 echo "[prepare] stream $(stat -c %s "$DEST/stream/all.bin") bytes, sha256 $(cut -d' ' -f1 "$DEST/c$last/all.sha256"); chunks: $(ls -d "$DEST"/c[0-9]* | tr '\n' ' ')"
-echo "[prepare] sizes (MiB, each call also carries the ~7.8 MB tree; limit 64): $(du -sm "$DEST"/c[0-9]* "$DEST/tools" | awk '{printf "%s=%s ", $2, $1}')"
+echo "[prepare] sizes (MiB, each call also carries the $((TREE_BYTES / 1048576)) MiB tree; limit 64): $(du -sm "$DEST"/c[0-9]* "$DEST/tools" | awk '{printf "%s=%s ", $2, $1}')"
 cat <<EOT
 Device calls, back to back (a machine goes back 30 s after a call; keep each call's reply short; if one fails, send
 the next, even 'sleep 20; ls \$OUT', at once and think while it runs):

@@ -91,7 +91,10 @@ def _finite(value, option: str) -> float:
     return v
 
 
-def check_util(util) -> float:
+def check_util(util) -> float | None:
+    """--util in (0, 1]; None (not given: vLLM's own default for the version, VllmRules.resolved_util) passes."""
+    if util is None:
+        return None
     v = _finite(util, "--util")
     if not 0.0 < v <= 1.0:
         raise DraftfitError(f"--util {util} is outside (0, 1]: it is the share of GPU memory vLLM may use",
@@ -361,7 +364,7 @@ def build_layout(target: str | ModelSpec, *, gpu: str | None = None, tp: int | N
     if spec.is_eagle:
         raise DraftfitError(f"{spec.name} is an EAGLE head, not a target model",
                             fix=f"use the model it drafts for: {', '.join(spec.draft_for) or 'see its card'}")
-    util_v = None if util is None else check_util(util)
+    util_v = check_util(util)
     temp = check_temperature(temperature)
     wl = check_choice(workload, WORKLOADS, "--workload")
     bs = check_batches(batches)

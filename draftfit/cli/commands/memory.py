@@ -49,7 +49,7 @@ def memory(target, draft, gpus, tp, util, max_model_len, dtype, kv_cache_dtype, 
     """
 
     target = check_name(target, "TARGET", fix="pass a catalog name, hub id or model folder")
-    util = None if util is None else check_util(util)
+    util = check_util(util)
     check_choice(dtype, DTYPES, "--dtype")
     if max_num_seqs is not None:
         check_int(max_num_seqs, "--max-num-seqs", 1, MAX_BATCH, fix="e.g. --max-num-seqs 256")

@@ -50,7 +50,7 @@ def preflight(ctx, target, draft, gpu, tp, k, max_model_len, util, batch, worklo
     check_k(k)
     if max_model_len is not None:
         check_int(max_model_len, "--max-model-len", MIN_CONTEXT, 10**7, fix="e.g. --max-model-len 8192")
-    util = None if util is None else check_util(util)
+    util = check_util(util)
     check_batches((batch,))
     temperature = check_temperature(temperature)
     check_vllm_version(vllm_version)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._readme import markdown_table, write_section  # noqa: E402
 from draftfit.acceptance.measure.prompts import SOURCES, encode_chat, load_prompts  # noqa: E402
 from draftfit.acceptance.method_prior import (NGRAM_LOOKUP, REPLAY_DIR, SUFFIX_CONFIG, replay_fingerprint,  # noqa: E402
-                                               replay_runs, summary_path)
+                                               replay_runs, replay_summary, summary_path)
 from draftfit.acceptance.replay import replay  # noqa: E402
 from draftfit.acceptance.suffix_replay import replay_suffix  # noqa: E402
 from draftfit.errors import DraftfitError  # noqa: E402
@@ -417,6 +417,19 @@ def counter_files(workload: str, temperature: float, method: str, directory: Pat
     return sorted(d.glob(f"{method}-{workload}-t{temperature:g}-k*.json"))
 
 
+# The small legacy reference's replay summaries, stored beside it: tests/test_reference_outputs.py recomputes them in a
+# second to catch a change of what the replay counts (which must bump REPLAY_VERSION) without replaying 64 outputs.
+LEGACY_REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "data" / "reference" / "legacy_code_96tok.json"
+
+
+def write_legacy_summaries() -> None:
+    if not LEGACY_REFERENCE.is_file():
+        return  # an installed package without its tests
+    for method in ("ngram", "suffix"):
+        LEGACY_REFERENCE.with_name(f"{LEGACY_REFERENCE.stem}.{method}.json").write_text(
+            json.dumps(replay_summary(method, LEGACY_REFERENCE)) + "\n")
+
+
 def replay_rows(paths: list[Path], counters_dir: Path | None = None, summaries: Path | None = None) -> list[list]:
     """Per reference file and method: n-gram (serve's lookup window) and suffix (vLLM defaults) tokens per decode
     step at K 1-8, each K its own replay (draftfit.acceptance.method_prior.replay_runs, what rank prices); at K=8 the
@@ -557,6 +570,8 @@ def main(argv=None) -> int:
     # The shipped references' replays are kept beside them (rank reads them instead of replaying); a smoke run's
     # (--out-dir) are not.
     rows = replay_rows(paths, summaries=None if args.out_dir else REPLAY_DIR)
+    if not args.out_dir:
+        write_legacy_summaries()
     for r in rows:
         print(" | ".join(map(str, r)), flush=True)
     body = ("Tokens per decode step of n-gram prompt lookup (draftfit's lookup window) and suffix decoding (vLLM's "

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from draftfit.calibration.tables import CALIBRATION_DIR
 from draftfit.speedup import stepcost
+
+
+LEGACY_CODE = Path(__file__).parent / "data" / "reference" / "legacy_code_96tok.json"
 
 
 def _fresh():
@@ -50,7 +54,14 @@ def test_method_replay_disk_cache_equals_a_fresh_replay(tmp_path, monkeypatch):
     from draftfit.acceptance import method_prior as mp
 
     monkeypatch.setenv("DRAFTFIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(mp, "REPLAY_DIR", tmp_path / "no-shipped-summaries")  # else rank reads the shipped ones
+    # The small legacy reference (6 outputs of 96 tokens) as the code reference: the cache logic is under test, and a
+    # replay of the 64 full-length shipped outputs costs ~50 s. No shipped summaries, else rank reads those.
+    refs = tmp_path / "ngram"
+    refs.mkdir()
+    shutil.copy(LEGACY_CODE, refs / "code.json")
+    monkeypatch.setattr(mp, "NGRAM_DIR", refs)
+    monkeypatch.setattr(mp, "REPLAY_DIR", tmp_path / "no-shipped-summaries")
+    mp._records.cache_clear()
     mp.method_acceptance.cache_clear()
     fresh = {m: mp.method_acceptance(m, "code") for m in ("ngram", "suffix")}
     files = list((tmp_path / "cache" / "method-replay").glob("*.json"))
@@ -64,6 +75,7 @@ def test_method_replay_disk_cache_equals_a_fresh_replay(tmp_path, monkeypatch):
     mp.method_acceptance.cache_clear()
     assert {m: mp.method_acceptance(m, "code") for m in ("ngram", "suffix")} == fresh
     mp.method_acceptance.cache_clear()
+    mp._records.cache_clear()  # the next test reads the shipped references again
 
 
 def test_a_cached_fit_of_another_term_list_is_never_read(tmp_path, monkeypatch):

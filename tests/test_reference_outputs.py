@@ -345,20 +345,44 @@ def test_an_interrupted_generation_continues_where_it_stopped(fake_generation):
     assert _FakeEngine.calls == []
 
 
+LEGACY_SUMMARY = ROOT / "tests" / "data" / "reference" / "legacy_code_96tok.{method}.json"
+
+
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
-def test_shipped_replay_summaries_are_current_and_used(method, monkeypatch):
-    """rank reads the per-K replays shipped beside the references; a stale one (other reference bytes, other replay
-    code: REPLAY_VERSION) must not be used. Recomputed here for the greedy code reference."""
+def test_replay_code_still_counts_what_the_shipped_summaries_were_made_with(method):
+    """A change to what replay.py / suffix_replay.py count must bump REPLAY_VERSION (else the shipped summaries, whose
+    fingerprints would still match, go on being read). Checked on the small legacy reference (6 outputs of 96 tokens:
+    the same replay code as the 64 full-length references, at a second's cost): its summary, stored when the shipped
+    ones were written, must come out again. If this fails, bump REPLAY_VERSION, rerun
+    `python bench/reference_outputs.py --from-stored` and store this summary anew (the message says how)."""
     from draftfit.acceptance import method_prior as mp
 
-    path = REF_DIR / "code.json"
-    shipped = json.loads(mp.summary_path(method, path.name).read_text())
-    assert shipped == json.loads(json.dumps(mp.replay_summary(method, path))), \
-        "stale: rerun `python bench/reference_outputs.py --from-stored`"
+    got = json.loads(json.dumps(mp.replay_summary(method, LEGACY_CODE)))
+    stored = LEGACY_SUMMARY.with_name(LEGACY_SUMMARY.name.format(method=method))
+    assert got == json.loads(stored.read_text()), (
+        f"the replay counts differently now: bump REPLAY_VERSION in draftfit/acceptance/method_prior.py, rerun "
+        f"`python bench/reference_outputs.py --from-stored`, and write this summary to {stored.name}")
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_shipped_replay_summaries_are_current_and_used(method, monkeypatch):
+    """rank reads the per-K replays shipped beside the references; every reference has one whose fingerprint (the
+    reference's bytes, the settings, REPLAY_VERSION) matches, so a fresh install replays nothing; a stale one must not
+    be used (test_a_stale_summary_is_not_used)."""
+    from draftfit.acceptance import method_prior as mp
+
+    refs = sorted(REF_DIR.glob("*.json"))
+    assert refs
+    for path in refs:
+        shipped = json.loads(mp.summary_path(method, path.name).read_text())
+        assert shipped["fingerprint"] == mp.replay_fingerprint(path.read_bytes(), method), \
+            f"{path.name}: stale summary: rerun `python bench/reference_outputs.py --from-stored`"
+        assert len(shipped["groups"]) == len(json.loads(path.read_text())["prompt_ids"])
     # used as shipped: no replay happens for it
     monkeypatch.setattr(mp, "replay_runs", lambda *a: pytest.fail("replayed although a summary is shipped"))
+    shipped = json.loads(mp.summary_path(method, "code.json").read_text())
     runs, groups, _ = mp._replayed(method, [], "code", "code.json")
-    assert runs[8] == tuple(shipped["runs"]["8"]) and len(groups) == len(json.loads(path.read_text())["prompt_ids"])
+    assert runs[8] == tuple(shipped["runs"]["8"]) and groups == shipped["groups"]
 
 
 def test_a_stale_summary_is_not_used(tmp_path, monkeypatch):
@@ -367,7 +391,7 @@ def test_a_stale_summary_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setattr(mp, "NGRAM_DIR", tmp_path)
     monkeypatch.setattr(mp, "REPLAY_DIR", tmp_path / "replay")
     monkeypatch.setattr(mp, "cache_dir", lambda: tmp_path / "cache")
-    rec = json.loads((REF_DIR / "code.json").read_text())
+    rec = json.loads(LEGACY_CODE.read_text())  # small: the replay logic, not the data, is under test
     (tmp_path / "code.json").write_text(json.dumps(rec))
     (tmp_path / "replay").mkdir()
     summary = mp.replay_summary("ngram", tmp_path / "code.json")

@@ -73,6 +73,13 @@ def json_option(f):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
 
 
+def util_option(f):
+    """--util as every command that plans vLLM's memory takes it: unset means the version's own default."""
+    return click.option("--util", type=float, default=None,
+                        help="gpu_memory_utilization (default: left unset, so the vLLM version's own default, as vLLM "
+                             "runs without the flag).")(f)
+
+
 def fmt_num(v, digits=2, suffix="") -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"

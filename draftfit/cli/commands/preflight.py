@@ -6,6 +6,7 @@ import click
 
 from draftfit.rules import WORKLOAD_HELP, WORKLOADS
 
+from draftfit.cli.render import util_option
 from draftfit.cli.render import json_option
 from draftfit.cli.render import console, emit_json, table
 from draftfit.launch.preflight import FAIL, preflight as run
@@ -23,9 +24,7 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "red"}
 @click.option("--tp", type=int, default=1, show_default=True)
 @click.option("--k", "k", type=int, default=4, show_default=True, help="Speculative tokens you plan to serve with.")
 @click.option("--max-model-len", type=int, default=None)
-@click.option("--util", type=float, default=None,
-              help="gpu_memory_utilization (default: left unset, so the vLLM version's own default, as vLLM runs "
-                   "without the flag).")
+@util_option
 @click.option("--batch", type=int, default=1, show_default=True, help="Batch size the speedup check is for.")
 @click.option("--workload", type=click.Choice(WORKLOADS), default="chat", show_default=True,
               help="Which traffic: " + WORKLOAD_HELP + ".")

@@ -7,6 +7,7 @@ import click
 from draftfit.rules import WORKLOAD_HELP, WORKLOADS
 
 from draftfit.errors import DraftfitError
+from draftfit.cli.render import util_option
 from draftfit.cli.render import json_option
 from draftfit.catalog.specs import NO_MODEL_METHODS, _normalize
 from draftfit.cli.render import console, emit_json, table
@@ -28,9 +29,7 @@ RANK_AT_TRAFFIC = 3  # candidates simulated at the user's traffic (the best by t
 @click.option("--batch", "batch", default="1", show_default=True, help="Batch sizes, comma-separated (e.g. 1,32).")
 @click.option("--top", type=int, default=None, help="Show only the N best.")
 @click.option("--max-model-len", type=int, default=None, help="Context length (default: the target's).")
-@click.option("--util", type=float, default=None,
-              help="gpu_memory_utilization (default: left unset, so the vLLM version's own default, as vLLM runs "
-                   "without the flag).")
+@util_option
 @click.option("--candidates", default="", help="Extra drafts: comma-separated local folders or hub ids.")
 @click.option("--explain", "explain", default=None, metavar="DRAFT", help="Show every number behind one candidate.")
 @click.option("--vllm-version", default=None, help="vLLM version the serve command is for (default: installed).")

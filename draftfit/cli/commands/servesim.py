@@ -13,6 +13,7 @@ import sys
 import click
 
 from draftfit.acceptance.prior import AcceptanceEstimate
+from draftfit.cli.render import util_option
 from draftfit.cli.render import console, emit_json, json_option
 from draftfit.cli.traffic_options import plot_load, render_load, traffic_from, traffic_options
 from draftfit.errors import DraftfitError
@@ -36,9 +37,7 @@ def _given_acceptance(alpha: float) -> AcceptanceEstimate:
                    "the one with the most goodput wins.")
 @click.option("--gpu", "-g", default=None, help="GPU (catalog name). Default: H100-80GB.")
 @click.option("--tp", type=int, default=None, help="Tensor-parallel size. Default: the smallest that fits.")
-@click.option("--util", type=float, default=None,
-              help="gpu_memory_utilization (default: left unset, so the vLLM version's own default, as vLLM runs "
-                   "without the flag).")
+@util_option
 @click.option("--max-model-len", type=int, default=None, help="Context length (default: the target's, or what fits).")
 @click.option("--max-num-seqs", type=int, default=None, help="vLLM's max_num_seqs (default: vLLM's for the GPU).")
 @click.option("--vllm-version", default=None, help="vLLM version (default: installed GPU vLLM, else the newest modelled).")

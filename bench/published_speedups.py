@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._readme import markdown_table, write_section  # noqa: E402
 from draftfit.paths import DATA_DIR  # noqa: E402
+from draftfit.rules import WORKLOADS  # noqa: E402
 
 DATA = DATA_DIR / "reference" / "speedup_published.yaml"
 FROZEN = DATA_DIR / "predictions" / "published-speedups.json"
@@ -114,26 +115,32 @@ def case_of(row: dict) -> tuple[dict | None, str]:
         return None, "; ".join(why)
     tp = row.get("tp") if isinstance(row.get("tp"), int) else 1
     temp = row.get("temperature")
-    workload = row.get("workload") if row.get("workload") in ("chat", "code", "code-edit", "math",
-                                                                "summarization") else "chat"
+    workload = row.get("workload") if row.get("workload") in WORKLOADS else "chat"
     args = {"target": target, "draft": drafter, "gpu": gpu, "tp": tp, "k": k, "batch": batch,
             "workload": workload, "temperature": float(temp) if isinstance(temp, (int, float)) else 0.0}
     return args, ""
 
 
-def _speedup(args: dict, alpha: float | None = None) -> dict:
+def _cli_json(argv: list[str], args: dict, alpha: float | None) -> dict:
+    """One draftfit command's --json output (the CLI's own path, in process), at the row's acceptance prior or at a
+    given alpha; {"error": last line} where it refuses."""
     from click.testing import CliRunner
 
     from draftfit.cli import cli
 
-    argv = ["speedup", "--target", args["target"], "--draft", args["draft"], "--gpu", args["gpu"],
-            "--tp", str(args["tp"]), "--k", str(args["k"]), "--batch", str(args["batch"]), "--json"]
-    argv += ["--alpha", f"{alpha:.4f}"] if alpha is not None else ["--workload", args["workload"],
-                                                                   "--temperature", f"{args['temperature']:g}"]
-    res = CliRunner().invoke(cli, argv)
+    argv = argv + (["--alpha", f"{alpha:.4f}"] if alpha is not None else
+                   ["--workload", args["workload"], "--temperature", f"{args['temperature']:g}"])
+    res = CliRunner().invoke(cli, argv + ["--json"])
     if res.exit_code != 0:
         return {"error": (res.output or str(res.exception)).strip().splitlines()[-1][:160]}
-    out = json.loads(res.output)
+    return json.loads(res.output)
+
+
+def _speedup(args: dict, alpha: float | None = None) -> dict:
+    out = _cli_json(["speedup", "--target", args["target"], "--draft", args["draft"], "--gpu", args["gpu"],
+                     "--tp", str(args["tp"]), "--k", str(args["k"]), "--batch", str(args["batch"])], args, alpha)
+    if "error" in out:
+        return out
     b = out["batches"][str(args["batch"])]
     pk = (b.get("per_k") or {}).get(str(args["k"])) or {}
     if "speedup" not in pk:
@@ -152,28 +159,20 @@ def _serving_lengths(row: dict) -> tuple[int, int, int] | None:
     return round(ins / n), round(outs / n), int(n)
 
 
-def _serve_sim(args: dict, lengths: tuple[int, int, int], alpha: float | None = None) -> dict:
-    """`draftfit serve-sim --json` at the row's concurrency and mean lengths: the output-throughput ratio and both
-    TPOT p50s, to score against the logged `vllm bench serve` figures."""
-    from click.testing import CliRunner
-
-    from draftfit.cli import cli
-
+def _serve_sim(args: dict, lengths: tuple[int, int, int], command: str, alpha: float | None = None) -> dict:
+    """`draftfit serve-sim --json` at the row's concurrency and mean lengths, with the server limits its logged
+    `command` states: the output-throughput ratio and both TPOT p50s, to score against the logged figures."""
     prompt, output, n = lengths
-    # The server's own limits where the row's logged command states them.
     server = []
     for flag in ("--max-model-len", "--max-num-seqs"):
-        m = re.search(rf"{flag}[ =](\d+)", args.get("command", ""))
+        m = re.search(rf"{flag}[ =](\d+)", command)
         server += [flag, m.group(1)] if m else []
-    argv = ["serve-sim", *server, "-t", args["target"], "--draft", args["draft"], "--gpu", args["gpu"], "--tp", str(args["tp"]),
-            "--k", str(args["k"]), "--concurrency", str(args["batch"]), "--prompt-len", str(prompt),
-            "--output-len", str(output), "--num-requests", str(n), "--json"]
-    argv += ["--alpha", f"{alpha:.4f}"] if alpha is not None else ["--workload", args["workload"],
-                                                                   "--temperature", f"{args['temperature']:g}"]
-    res = CliRunner().invoke(cli, argv)
-    if res.exit_code != 0:
-        return {"error": (res.output or str(res.exception)).strip().splitlines()[-1][:160]}
-    point = json.loads(res.output)["drafters"][0]["points"][0]
+    out = _cli_json(["serve-sim", *server, "-t", args["target"], "--draft", args["draft"], "--gpu", args["gpu"],
+                     "--tp", str(args["tp"]), "--k", str(args["k"]), "--concurrency", str(args["batch"]),
+                     "--prompt-len", str(prompt), "--output-len", str(output), "--num-requests", str(n)], args, alpha)
+    if "error" in out:
+        return out
+    point = out["drafters"][0]["points"][0]
     base, spec = point["baseline"], point["best"]
     return {"speedup": spec["output_throughput"]["value"] / base["output_throughput"]["value"],
             "tpot_base_ms": base["tpot_p50_ms"]["value"], "tpot_spec_ms": spec["tpot_p50_ms"]["value"]}
@@ -194,11 +193,11 @@ def predict_all(rows: list[dict]) -> list[dict]:
             if alpha is not None:
                 rec["given"] = _speedup(args, alpha=alpha)
             lengths = _serving_lengths(row)
-            if lengths is not None:
-                args = dict(args, command=str((row.get("serving") or {}).get("command", "")))  # a serving benchmark with its lengths logged: the serving model as well
-                rec["serve_sim"] = _serve_sim(args, lengths)
+            if lengths is not None:  # a serving benchmark with its lengths logged: the serving model as well
+                command = str(row["serving"].get("command", ""))
+                rec["serve_sim"] = _serve_sim(args, lengths, command)
                 if alpha is not None:
-                    rec["serve_sim_given"] = _serve_sim(args, lengths, alpha=alpha)
+                    rec["serve_sim_given"] = _serve_sim(args, lengths, command, alpha=alpha)
         out.append(rec)
     return out
 
@@ -254,7 +253,8 @@ def render(rows: list[dict], preds: list[dict], frozen: dict | None) -> str:
     lines = [f"{len(rows)} published rows from {len(sources)} sources "
              f"(draftfit/data/reference/speedup_published.yaml, each with its URL and the text read); "
              f"{len(scored)} scored, {len(skipped)} not (reasons below). Predictions through `draftfit speedup --json` "
-             "at the default vLLM version; a concurrency is scored as that batch size. Nothing is fitted on these rows."]
+             "at the default vLLM version; a concurrency is scored as that batch size. Nothing is fitted on these "
+             "rows."]
     heads = ["id", "GPU x TP", "target", "drafter", "K", "batch", "workload, T", "published (metric)",
              "draftfit as a user gets it", "inside its band", "given the published acceptance"]
     if frozen:
@@ -273,11 +273,11 @@ def render(rows: list[dict], preds: list[dict], frozen: dict | None) -> str:
             cells.append(_fmt(fz.get(p["id"], {}).get("user"), truth))
         table.append(cells)
     lines += ["", markdown_table(heads, table)]
-    by = {}
+    by: dict = {}
     for r, p in scored:
-        by.setdefault(r.get("method", "?"), ([], []))
-        by[r.get("method", "?")][0].append(r)
-        by[r.get("method", "?")][1].append(p)
+        rs, ps = by.setdefault(r.get("method", "?"), ([], []))
+        rs.append(r)
+        ps.append(p)
     srows = []
     for m in sorted(by) + ["all"]:
         rs, ps = (by[m] if m != "all" else ([r for r, _ in scored], [p for _, p in scored]))
@@ -305,8 +305,8 @@ def render(rows: list[dict], preds: list[dict], frozen: dict | None) -> str:
                           _fmt(p.get("serve_sim"), truth), _fmt(g or None, truth),
                           tp(g, "tpot_base_ms", base.get("median_tpot_ms")),
                           tp(g, "tpot_spec_ms", spec.get("median_tpot_ms"))])
-        u, gv = summary([r for r, _ in served], [p for _, p in served], "serve_sim"), \
-            summary([r for r, _ in served], [p for _, p in served], "serve_sim_given")
+        served_rows, served_preds = [r for r, _ in served], [p for _, p in served]
+        u, gv = summary(served_rows, served_preds, "serve_sim"), summary(served_rows, served_preds, "serve_sim_given")
         lines += ["", "Rows that are `vllm bench serve` runs with their lengths logged, through `draftfit serve-sim "
                   "--concurrency N --prompt-len MEAN --output-len MEAN --num-requests N --json` (issue 40's serving "
                   "model: continuous batching, chunked prefill, KV admission) instead of a fixed decode batch: the "

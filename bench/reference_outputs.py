@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._readme import markdown_table, write_section  # noqa: E402
 from draftfit.acceptance.measure.prompts import SOURCES, encode_chat, load_prompts  # noqa: E402
-from draftfit.acceptance.method_prior import (NGRAM_LOOKUP, REPLAY_DIR, SUFFIX_CONFIG, replay_fingerprint,  # noqa: E402
-                                               replay_runs, replay_summary, summary_path)
+from draftfit.acceptance.method_prior import (NGRAM_LOOKUP, REPLAY_DIR, SUFFIX_CONFIG, replay_runs,  # noqa: E402
+                                               replay_summary, summary_path, summary_record)
 from draftfit.acceptance.replay import replay  # noqa: E402
 from draftfit.acceptance.suffix_replay import replay_suffix  # noqa: E402
 from draftfit.errors import DraftfitError  # noqa: E402
@@ -455,9 +455,8 @@ def replay_rows(paths: list[Path], counters_dir: Path | None = None, summaries: 
             runs, groups = replay_runs(method, reqs)
             if summaries is not None:
                 summaries.mkdir(parents=True, exist_ok=True)
-                (summaries / summary_path(method, path.name).name).write_text(json.dumps(
-                    {"method": method, "reference": path.name, "fingerprint": replay_fingerprint(data, method),
-                     "runs": {str(k): list(v) for k, v in runs.items()}, "groups": groups}) + "\n")
+                (summaries / summary_path(method, path.name).name).write_text(
+                    json.dumps(summary_record(method, path.name, data, runs, groups)) + "\n")
             drafts8, acc8, steps8 = runs[max(K_VALUES)]
             vllm_cells = ["-", "-"]
             for cf in counter_files(rec["workload"], temp, method, counters_dir):

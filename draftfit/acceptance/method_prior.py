@@ -107,13 +107,18 @@ def replay_fingerprint(reference_bytes: bytes, method: str) -> str:
     return hashlib.sha256(reference_bytes + json.dumps(settings).encode()).hexdigest()
 
 
+def summary_record(method: str, reference_name: str, reference_bytes: bytes, runs: dict, groups: list) -> dict:
+    """A replay (replay_runs) as the summary file that REPLAY_DIR holds and _replayed reads back."""
+    return {"method": method, "reference": reference_name, "fingerprint": replay_fingerprint(reference_bytes, method),
+            "runs": {str(k): list(v) for k, v in runs.items()}, "groups": groups}
+
+
 def replay_summary(method: str, reference: Path) -> dict:
     """The per-K replay of a shipped reference as bench/reference_outputs.py writes it into REPLAY_DIR."""
     data = reference.read_bytes()
     rec = json.loads(data)
     runs, groups = replay_runs(method, list(zip(rec["prompt_ids"], rec["output_ids"])))
-    return {"method": method, "reference": reference.name, "fingerprint": replay_fingerprint(data, method),
-            "runs": {str(k): list(v) for k, v in runs.items()}, "groups": groups}
+    return summary_record(method, reference.name, data, runs, groups)
 
 
 def summary_path(method: str, reference: str) -> Path:
